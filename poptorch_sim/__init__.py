@@ -1,0 +1,160 @@
+"""poptorch_sim: Graphcore PopTorch's API on ordinary CPUs and GPUs.
+
+``import poptorch_sim as poptorch`` (or plain ``import poptorch`` once installed) and run a
+PopTorch program unmodified.
+"""
+
+from __future__ import annotations
+
+from . import enums, ops, optim, options, poptorch_core
+from .data import AsynchronousDataAccessor, DataLoader
+from .enums import (
+    AnchorMode,
+    AutoStage,
+    CommGroupType,
+    ConnectionType,
+    DataLoaderMode,
+    HalfFloatCastingBehavior,
+    Liveness,
+    MatMulSerializationMode,
+    MeanReductionStrategy,
+    MultiConvPlanType,
+    OutputMode,
+    OverlapMode,
+    ReductionType,
+    SharingStrategy,
+    SyncPattern,
+    VariableRetrievalMode,
+)
+from .errors import Error, RecoverableError, UnrecoverableError, createPoptorchError
+from .executor import (
+    PoplarExecutor,
+    inferenceModel,
+    registerPostCompileHook,
+    registerPreCompileHook,
+    trainingModel,
+)
+from .executor.custom_args import ICustomArgParser, registerCustomArgParser
+from .executor.serialization import load
+from .hardware import ipuHardwareIsAvailable, ipuHardwareVersion
+from .ipu_context import isRunningOnIpu
+from .logger import setLogLevel
+from .ops import (
+    CPU,
+    Attribute,
+    BeginBlock,
+    Block,
+    BlockFunction,
+    LegacyBeginBlockFn,
+    MultiConv,
+    NameScope,
+    cond,
+    dynamic_slice,
+    dynamic_update,
+    for_loop,
+    identity_loss,
+    ipu_print_tensor,
+    nop,
+    recomputationCheckpoint,
+    removeBlocks,
+    serializedMatMul,
+    set_available_memory,
+    set_overlap_for_input,
+    set_overlap_for_output,
+)
+from .options import (
+    BlockId,
+    ConfigFileError,
+    Options,
+    ParallelPhasedExecution,
+    Phase,
+    PipelinedExecution,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
+    TensorLocationSettings,
+)
+
+__version__ = "3.4.0+sim"
+
+__all__ = [
+    # errors
+    "Error",
+    "RecoverableError",
+    "UnrecoverableError",
+    "createPoptorchError",
+    # enums
+    "AnchorMode",
+    "AutoStage",
+    "CommGroupType",
+    "ConnectionType",
+    "DataLoaderMode",
+    "HalfFloatCastingBehavior",
+    "Liveness",
+    "MatMulSerializationMode",
+    "MeanReductionStrategy",
+    "MultiConvPlanType",
+    "OutputMode",
+    "OverlapMode",
+    "ReductionType",
+    "SharingStrategy",
+    "SyncPattern",
+    "VariableRetrievalMode",
+    # options
+    "BlockId",
+    "ConfigFileError",
+    "Options",
+    "ParallelPhasedExecution",
+    "Phase",
+    "PipelinedExecution",
+    "SerialPhasedExecution",
+    "ShardedExecution",
+    "Stage",
+    "TensorLocationSettings",
+    # models
+    "PoplarExecutor",
+    "inferenceModel",
+    "trainingModel",
+    "load",
+    "registerPreCompileHook",
+    "registerPostCompileHook",
+    "ICustomArgParser",
+    "registerCustomArgParser",
+    # data
+    "AsynchronousDataAccessor",
+    "DataLoader",
+    # ops
+    "Attribute",
+    "BeginBlock",
+    "Block",
+    "BlockFunction",
+    "CPU",
+    "LegacyBeginBlockFn",
+    "MultiConv",
+    "NameScope",
+    "cond",
+    "dynamic_slice",
+    "dynamic_update",
+    "for_loop",
+    "identity_loss",
+    "ipu_print_tensor",
+    "nop",
+    "recomputationCheckpoint",
+    "removeBlocks",
+    "serializedMatMul",
+    "set_available_memory",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
+    # environment
+    "ipuHardwareIsAvailable",
+    "ipuHardwareVersion",
+    "isRunningOnIpu",
+    "setLogLevel",
+    # submodules
+    "enums",
+    "ops",
+    "optim",
+    "options",
+    "poptorch_core",
+    "__version__",
+]

@@ -1,0 +1,89 @@
+"""Every environment variable poptorch_sim reads, each behind one typed getter."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+__all__ = [
+    "cache_dir",
+    "default_options_json",
+    "engine_options",
+    "log_level",
+    "num_ipus",
+    "threads_per_ipu",
+    "ipu_model",
+]
+
+DEFAULT_NUM_IPUS = 64
+
+
+def _get(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else None
+
+
+def log_level() -> str:
+    """``POPTORCH_LOG_LEVEL``: initial log level (default ``WARN``)."""
+    return _get("POPTORCH_LOG_LEVEL") or "WARN"
+
+
+def num_ipus() -> int:
+    """``POPTORCH_SIM_NUM_IPUS``: how many simulated Mk2 IPUs the machine reports.
+
+    Defaults to 64 (one IPU-POD64), so libraries that probe for hardware take their IPU
+    paths. Set it to 0 to make ``ipuHardwareIsAvailable()`` report no hardware, as PopTorch's own
+    test suite expects on a machine without IPUs.
+    """
+    raw = _get("POPTORCH_SIM_NUM_IPUS")
+    if raw is None:
+        return DEFAULT_NUM_IPUS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(
+            f"POPTORCH_SIM_NUM_IPUS must be a non-negative integer, got {raw!r}"
+        ) from None
+    if value < 0:
+        raise ValueError(f"POPTORCH_SIM_NUM_IPUS must be a non-negative integer, got {value}")
+    return value
+
+
+def threads_per_ipu() -> int | None:
+    """``POPTORCH_SIM_THREADS_PER_IPU``: intra-op threads of each IPU worker (default: shared)."""
+    raw = _get("POPTORCH_SIM_THREADS_PER_IPU")
+    return int(raw) if raw is not None else None
+
+
+def default_options_json() -> str | None:
+    """``POPTORCH_DEFAULT_OPTIONS``: JSON applied to every new ``Options`` (``from_json``)."""
+    return _get("POPTORCH_DEFAULT_OPTIONS")
+
+
+def cache_dir() -> str | None:
+    """``POPTORCH_CACHE_DIR``: equivalent of ``Options.enableExecutableCaching(path)``."""
+    return _get("POPTORCH_CACHE_DIR")
+
+
+def ipu_model() -> bool:
+    """``POPTORCH_IPU_MODEL``: whether the IPU Model was requested (no effect in simulation)."""
+    return (_get("POPTORCH_IPU_MODEL") or "0") not in ("0", "false", "False")
+
+
+def engine_options() -> dict[str, Any]:
+    """``POPLAR_ENGINE_OPTIONS``: Poplar engine options as a dict (``{}`` when unset).
+
+    Raises:
+        ValueError: the variable is set but is not a JSON object.
+    """
+    raw = _get("POPLAR_ENGINE_OPTIONS")
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"POPLAR_ENGINE_OPTIONS is not valid JSON ({exc}): {raw!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"POPLAR_ENGINE_OPTIONS must be a JSON object, got {raw!r}")
+    return value

@@ -1,0 +1,161 @@
+"""The single-IPU program: the device copy of the model run eagerly, one micro-batch at a time.
+
+One call, as PopTorch defines it (reference §2.2):
+
+    for d in range(DI):                  # device iterations
+        for a in range(GA):              # gradient accumulation steps
+            for r in range(R):           # replicas (identical weights, own inputs)
+                out = model(micro_batch(d, a, r));  backward(final_loss · loss_scaling)
+        reduce gradients over GA·R (Mean or Sum); optimizer step
+
+Simulated: ``forward`` runs once per micro-batch, where an IPU replays a graph traced once;
+Python side effects in ``forward`` therefore repeat (see tests/test_footguns.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ..errors import Error
+from ..ipu_context import running_on_ipu
+from ..ops.control import training_graph
+from .batching import Layout
+from .inputs import BoundArgs
+from .losses import LossRecorder, final_loss
+from .outputs import OutputCollector
+from .replicas import ReplicaBuffers, buffer_versions, check_buffer_broadcast
+
+__all__ = ["EagerProgram", "LossLocator"]
+
+
+@dataclass(frozen=True)
+class LossLocator:
+    """Where the final loss is: output leaf ``leaf``, else the ``recorded``-th loss computed."""
+
+    leaf: int | None
+    recorded: int
+
+
+class EagerProgram:
+    """Runs calls of a model on its device copy.
+
+    Args:
+        model: the device copy (never the user's module).
+        training: whether calls train.
+        buffers: per-replica buffers (``broadcastBuffers(False)``), or ``None``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        training: bool,
+        buffers: ReplicaBuffers | None,
+        broadcast_replicas: bool = False,
+    ) -> None:
+        self.model = model
+        self.training = training
+        self.buffers = buffers
+        self.broadcast_replicas = broadcast_replicas
+        self.loss: LossLocator | None = None
+        self.out_spec: pytree.TreeSpec | None = None
+
+    def prepare(self, mb: BoundArgs, check_unchanged: Callable[[], None]) -> None:
+        """Compile-time checks on the first micro-batch, leaving no trace in the model.
+
+        Finds the final loss (training), and raises PopTorch's errors for a missing or
+        ambiguous loss, a reassigned buffer, or an in-place buffer update that replicas would
+        have to broadcast. Buffers and the RNG are restored afterwards.
+        """
+        saved = [b.detach().clone() for b in self.model.buffers()]
+        rng = torch.get_rng_state()
+        before = buffer_versions(self.model)
+        try:
+            with torch.set_grad_enabled(self.training):
+                if self.training:
+                    self._first_forward(mb)
+                else:
+                    self.forward(mb, 0)
+            check_unchanged()
+            if self.broadcast_replicas:
+                check_buffer_broadcast(self.model, before)
+        finally:
+            with torch.no_grad():
+                for buf, value in zip(self.model.buffers(), saved):
+                    buf.copy_(value)
+            torch.set_rng_state(rng)
+
+    def forward(self, mb: BoundArgs, r: int) -> tuple[list[Any], torch.Tensor | None]:
+        """Run one micro-batch of replica ``r``; return output leaves and the final loss."""
+        if self.buffers is not None:
+            self.buffers.activate(r)
+        recorder = LossRecorder() if self.loss and self.loss.leaf is None else None
+        with running_on_ipu(), training_graph(self.training):
+            if recorder is None:
+                out = self.model(*mb.args, **mb.kwargs)
+            else:
+                with recorder:
+                    out = self.model(*mb.args, **mb.kwargs)
+        leaves, spec = pytree.tree_flatten(out)
+        self.out_spec = spec
+        if not self.training:
+            return leaves, None
+        assert self.loss is not None
+        if self.loss.leaf is not None:
+            return leaves, leaves[self.loss.leaf]
+        assert recorder is not None
+        return leaves, recorder.losses[self.loss.recorded]
+
+    def _first_forward(self, mb: BoundArgs) -> None:
+        with running_on_ipu(), training_graph(), LossRecorder() as recorder:
+            out = self.model(*mb.args, **mb.kwargs)
+        leaves, self.out_spec = pytree.tree_flatten(out)
+        k = final_loss(recorder.losses)
+        loss = recorder.losses[k]
+        leaf = next((i for i, t in enumerate(leaves) if t is loss), None)
+        self.loss = LossLocator(leaf, k)
+
+    def run(
+        self,
+        bound: BoundArgs,
+        layout: Layout,
+        collector: OutputCollector,
+        loss_scale: float,
+        step: Callable[[], None] | None,
+    ) -> None:
+        """Run one call: every micro-batch, and in training an optimizer ``step`` per iteration."""
+        ga = layout.gradient_accumulation
+        for d in range(layout.device_iterations):
+            for a in range(ga):
+                keep = collector.wants(d, a)
+                for r in range(layout.replicas):
+                    mb = layout.micro_batch(bound, d, a, r)
+                    if self.training:
+                        leaves, loss = self.forward(mb, r)
+                        _backward(loss, loss_scale)
+                    else:
+                        with torch.no_grad():
+                            leaves, _ = self.forward(mb, r)
+                    if keep:
+                        collector.add(r, [_detach(t) for t in leaves])
+            if step is not None:
+                step()
+
+
+def _detach(t: Any) -> Any:
+    return t.detach() if isinstance(t, torch.Tensor) else t
+
+
+def _backward(loss: torch.Tensor | None, loss_scale: float) -> None:
+    if loss is None or loss.grad_fn is None:
+        raise Error(
+            "The final loss does not depend on any trainable parameter, so there is nothing to "
+            "train: check that the loss is computed from the model's outputs"
+        )
+    grad = torch.full_like(loss, loss_scale)
+    loss.backward(grad)

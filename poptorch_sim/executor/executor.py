@@ -1,0 +1,400 @@
+"""``PoplarExecutor``: what ``trainingModel`` and ``inferenceModel`` return.
+
+It joins the compiler and the runtime: it owns the lifecycle (compile, attach/detach, destroy,
+save/load), the host ↔ device weights (see [Note: lazy weight sync] in weights.py), the
+optimizer snapshot, and the shape of each call's outputs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ..enums import ConnectionType, OutputMode
+from ..errors import NO_EXECUTABLE_ERR, Error
+from ..logger import logger
+from ..optim import SGD
+from ..optim.snapshot import OptimizerSnapshot, snapshot
+from ..options import Options
+from . import hooks
+from .batching import Layout, check_batch
+from .eager import EagerProgram
+from .inputs import ArgsParser, BoundArgs, validate_inputs
+from .inspection import InspectionMixin
+from .outputs import OutputCollector
+from .progress import CompilationBar
+from .replicas import ReplicaBuffers
+from .serialization import SerializationMixin
+from .training import DeviceTrainer, read_state, write_state
+from .weights import DeviceCopy, HostSync, owner_of
+
+__all__ = ["PoplarExecutor"]
+
+
+class PoplarExecutor(InspectionMixin, SerializationMixin):
+    """A model wrapped for a simulated IPU. Never constructed directly: use
+    ``poptorch.trainingModel`` or ``poptorch.inferenceModel``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        options: Options,
+        training: bool,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
+        object.__setattr__(self, "_user_model", model)
+        self._options = _resolve_options(options, training)
+        self._training = training
+        self._optimizer = optimizer
+        self._parser = ArgsParser(model)
+        self._executable: _Executable | None = None
+        self._is_attached = False
+        self._dirty_host_weights = False
+        self._host_weights_version = 0
+        self._linked_version = -1
+        self._compile_bar: CompilationBar | None = None
+        self._last_run: dict[str, float] = {}
+        self._host_sync = HostSync(model, self) if training else None
+        self._snapshot: OptimizerSnapshot | None = None
+        if training:
+            if optimizer is None:
+                optimizer = SGD(model.parameters(), lr=0.01)
+            self._optimizer = optimizer
+            self._snapshot = self._take_snapshot(optimizer)
+            self._host_sync.wrap()  # type: ignore[union-attr]
+
+    # -- calling --------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        bound = self._parser(args, kwargs)
+        if self._options.connection_type == ConnectionType.Never:
+            raise AssertionError(
+                "Trying to run a model on an offline device (ConnectionType.Never): use "
+                "model.compile(inputs) instead of model(inputs)"
+            )
+        if self._executable is None:
+            self._compile(bound)
+        else:
+            validate_inputs(self._executable.inputs, bound)
+        if not self._is_attached:
+            self.attachToDevice()
+        if not self._training:
+            self._follow_training_weights()
+        return self._run(bound)
+
+    def _run(self, bound: BoundArgs) -> Any:
+        exe = self._executable
+        assert exe is not None
+        check_batch(bound, exe.layout)
+        bound = bound.map_tensors(_to_device_dtype)
+        opts = self._options
+        collector = OutputCollector(
+            OutputMode(opts.output_mode), opts.output_return_period, exe.layout, self._training
+        )
+        trainer = exe.trainer
+        self._last_run["input"] = time.perf_counter()
+        exe.program.run(
+            bound,
+            exe.layout,
+            collector,
+            trainer.loss_scaling if trainer else 1.0,
+            trainer.step if trainer else None,
+        )
+        self._last_run["output_complete"] = time.perf_counter()
+        if trainer is not None:
+            self._dirty_host_weights = True
+            if getattr(self._optimizer, "ipu_state_is_dirty", False):
+                self._connect_optimizer_state()
+            if hasattr(self._optimizer, "host_state_is_dirty"):
+                self._optimizer.host_state_is_dirty = True
+        leaves = collector.result()
+        spec = exe.program.out_spec
+        return None if spec is None else pytree.tree_unflatten(leaves, spec)
+
+    # -- compiling ------------------------------------------------------------------------------
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Compile for these inputs without running (the device is attached unless
+        ``connectionType`` is OnDemand or Never)."""
+        if self._executable is not None:
+            logger.warning("Call to compile() ignored: the executable is already compiled")
+            return
+        self._compile(self._parser(args, kwargs))
+
+    def _compile(self, bound: BoundArgs) -> None:
+        start = datetime.datetime.now()
+        bar = CompilationBar(self._options._show_compilation_progress_bar)
+        hooks.run_pre_compile()
+        if self._host_sync is not None:
+            self._host_sync.wrap()
+        layout = _layout(self._options, self._training)
+        check_batch(bound, layout)
+        bar.update(10)
+        device = DeviceCopy(self._user_model)
+        program = self._build_program(device, bound, layout)
+        bar.update(80)
+        trainer = self._build_trainer(device, layout) if self._training else None
+        self._executable = _Executable(bound, layout, device, program, trainer)
+        self._connect_optimizer_state()
+        hooks.run_post_compile()
+        bar.finish()
+        self._compile_bar = bar
+        self._compilation_time = datetime.datetime.now() - start
+        if self._options.connection_type == ConnectionType.Always:
+            self._attach()
+
+    def _build_program(self, device: DeviceCopy, bound: BoundArgs, layout: Layout) -> EagerProgram:
+        replicated = layout.replicas > 1
+        broadcast = self._options.broadcast_buffers
+        buffers = (
+            ReplicaBuffers(device.model, layout.replicas) if replicated and not broadcast else None
+        )
+        program = EagerProgram(device.model, self._training, buffers, replicated and broadcast)
+        first = layout.micro_batch(bound.map_tensors(_to_device_dtype), 0, 0, 0)
+        program.prepare(first, device.check_unchanged)
+        return program
+
+    def _build_trainer(self, device: DeviceCopy, layout: Layout) -> DeviceTrainer:
+        assert self._optimizer is not None and self._snapshot is not None
+        host_to_device = {id(h): d for _, h, d in device.pairs}
+        names = {id(d): n for n, _, d in device.pairs}
+        host_params = [p for g in self._optimizer.param_groups for p in g["params"]]
+        trainer = DeviceTrainer(
+            self._snapshot,
+            [host_to_device[id(p)] for p in host_params],
+            names,
+            layout.gradient_accumulation * layout.replicas,
+            self._options.Training.accumulation_and_replication_reduction_type,
+        )
+        trainer.wanted = {v[0] for v in self._options.anchored_tensors.values()}
+        return trainer
+
+    def _take_snapshot(
+        self, optimizer: torch.optim.Optimizer, previous: OptimizerSnapshot | None = None
+    ) -> OptimizerSnapshot:
+        return snapshot(
+            optimizer,
+            previous=previous,
+            relax_checks=self._options._relax_optimizer_attributes_checks,
+        )
+
+    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Use ``optimizer``'s current hyper-parameters (and state, if loaded) from now on.
+
+        Raises:
+            Error: after compilation, a constant hyper-parameter changed.
+        """
+        if not self._training:
+            raise Error("setOptimizer() can only be called on a trainingModel")
+        self._snapshot = self._take_snapshot(
+            optimizer, self._snapshot if self._executable is not None else None
+        )
+        old = self._optimizer
+        if old is not optimizer and hasattr(old, "_set_state_reader"):
+            if self._executable is not None:
+                old.state_dict()
+            old._set_state_reader(None)
+        self._optimizer = optimizer
+        if self._executable is not None and self._executable.trainer is not None:
+            self._executable.trainer.apply(self._snapshot)
+            self._connect_optimizer_state()
+
+    def _connect_optimizer_state(self) -> None:
+        exe = self._executable
+        opt = self._optimizer
+        if exe is None or exe.trainer is None or not hasattr(opt, "_set_state_reader"):
+            return
+        trainer = exe.trainer
+        opt._set_state_reader(lambda: read_state(trainer))
+        if opt.ipu_state_is_dirty and opt.has_state():
+            write_state(trainer, opt.get_state_dict()["ipu_state"])
+            opt.ipu_state_is_dirty = False
+        elif not opt.has_state():
+            opt._set_ipu_state(*read_state(trainer))
+
+    def isCompiled(self) -> bool:
+        """Whether the model has been compiled (and not destroyed)."""
+        return self._executable is not None
+
+    def compilationTime(self) -> datetime.timedelta:
+        """How long compilation took."""
+        if self._executable is None:
+            raise Error("Please compile the model before obtaining compilation time.")
+        if not self._options._show_compilation_progress_bar:
+            raise Error("Please set showCompilationProgressBar option to obtain compilation time.")
+        return self._compilation_time
+
+    # -- device attachment ----------------------------------------------------------------------
+    def _require_executable(self) -> _Executable:
+        if self._executable is None:
+            raise Error(NO_EXECUTABLE_ERR)
+        return self._executable
+
+    def _attach(self) -> None:
+        self._is_attached = True
+        self.copyWeightsToDevice()
+
+    def attachToDevice(self) -> None:
+        """Attach again and upload the host weights (and optimizer state)."""
+        self._require_executable()
+        if self._is_attached:
+            raise Error("Device is already attached")
+        if self._options.connection_type == ConnectionType.Never:
+            raise AssertionError("Trying to attach to an offline device (ConnectionType.Never)")
+        self._attach()
+
+    def detachFromDevice(self) -> None:
+        """Read weights (training) back to the host and release the device."""
+        self._require_executable()
+        if not self._is_attached:
+            raise Error("Device is not attached")
+        if self._training:
+            self.copyWeightsToHostIfNeeded()
+        self._is_attached = False
+
+    def isAttachedToDevice(self) -> bool:
+        """Whether the device is attached (False when not compiled)."""
+        return self._executable is not None and self._is_attached
+
+    # -- weights --------------------------------------------------------------------------------
+    def copyWeightsToDevice(self) -> None:
+        """Upload the host model's weights and buffers, discarding the device's own values."""
+        exe = self._require_executable()
+        owner = owner_of(self._user_model)
+        if owner is not None and owner is not self:
+            owner.copyWeightsToHostIfNeeded()
+        self._dirty_host_weights = False
+        logger.debug("Writing weights from host to IPU memory.")
+        exe.device.upload()
+        if exe.program.buffers is not None:
+            exe.program.buffers.broadcast_from_first()
+        if owner is not None and owner is not self:
+            self._linked_version = owner._host_weights_version
+
+    def copyWeightsToHost(self) -> None:
+        """Download the device's weights and buffers into the host model."""
+        exe = self._require_executable()
+        logger.debug("Writing weights from IPU to host.")
+        exe.device.download()
+        self._dirty_host_weights = False
+        self._host_weights_version += 1
+
+    def copyWeightsToHostIfNeeded(self) -> bool:
+        """Download the weights if the device has trained since the last download."""
+        if self._training and self._dirty_host_weights and self._executable is not None:
+            self.copyWeightsToHost()
+            return True
+        return False
+
+    def _implicit_copy_to_host(self) -> None:
+        logger.debug("Implicit copyWeightsToHost()")
+        self.copyWeightsToHost()
+
+    def copyNamedBuffersToDevice(self) -> None:
+        """Upload only the buffers named in ``Options.updatableNamedBuffers``."""
+        exe = self._require_executable()
+        names = self._options._Popart.options.get("updatableNamedBuffers")
+        if not names:
+            raise Error("No named buffers marked as updatable via updatableNamedBuffers option")
+        exe.device.upload(only=lambda n: n in names)
+
+    def _follow_training_weights(self) -> None:
+        owner = owner_of(self._user_model)
+        if owner is None or owner is self:
+            return
+        owner.copyWeightsToHostIfNeeded()
+        if owner._host_weights_version != self._linked_version:
+            self.copyWeightsToDevice()
+
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> Any:
+        """Load into the host model, then upload if attached."""
+        result = self._user_model.load_state_dict(state_dict, strict)
+        if self.isAttachedToDevice():
+            self.copyWeightsToDevice()
+        return result
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def destroy(self) -> None:
+        """Drop the executable; a training model's weights are read back and it is unwrapped."""
+        if self._executable is None:
+            return
+        if self._training:
+            self.copyWeightsToHostIfNeeded()
+            if hasattr(self._optimizer, "_set_state_reader"):
+                self._optimizer.state_dict()
+                self._optimizer._set_state_reader(None)
+        self._executable = None
+        self._is_attached = False
+        if self._host_sync is not None:
+            self._host_sync.unwrap()
+
+    # -- passthrough ----------------------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        """The wrapped user model."""
+        return self._user_model
+
+    @property
+    def options(self) -> Options:
+        """The (frozen) options of this model."""
+        return self._options
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_user_model", "_options"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["_user_model"], name)
+
+    def __repr__(self) -> str:
+        return repr(self._user_model)
+
+
+class _Executable:
+    """What compilation produced."""
+
+    def __init__(
+        self,
+        inputs: BoundArgs,
+        layout: Layout,
+        device: DeviceCopy,
+        program: EagerProgram,
+        trainer: DeviceTrainer | None,
+    ) -> None:
+        self.inputs = inputs
+        self.layout = layout
+        self.device = device
+        self.program = program
+        self.trainer = trainer
+
+
+def _resolve_options(options: Options | None, training: bool) -> Options:
+    if options is None:
+        options = Options()
+    if not isinstance(options, Options):
+        raise Error(
+            f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)"
+        )
+    options._freeze()
+    resolved = options.clone()
+    if resolved.defaultOutputMode():
+        resolved.outputMode(OutputMode.Final if training else OutputMode.All)
+    resolved._freeze()
+    return resolved
+
+
+def _layout(options: Options, training: bool) -> Layout:
+    return Layout(
+        options.device_iterations,
+        options.Training.gradient_accumulation if training else 1,
+        options.replication_factor,
+        options.input_group_size,
+        options.input_cgt,
+    )
+
+
+def _to_device_dtype(t: torch.Tensor) -> torch.Tensor:
+    # An IPU has no float64: float64 inputs are converted before they are uploaded.
+    return t.float() if t.dtype == torch.float64 else t

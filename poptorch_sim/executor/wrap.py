@@ -1,0 +1,80 @@
+"""``trainingModel`` and ``inferenceModel``: wrapping a user's model for a simulated IPU."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import Error
+from ..options import Options, ShardedExecution
+from .executor import PoplarExecutor
+from .weights import owner_of
+
+__all__ = ["trainingModel", "inferenceModel"]
+
+_INFERENCE_GA_ERROR = (
+    "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its "
+    "default value (1) when running a poptorch.inferenceModel()."
+)
+_PIPELINED_HINT = (
+    " Use poptorch.Options().deviceIterations to process a sufficient number of batches each "
+    "run for pipelined execution instead."
+)
+
+
+def trainingModel(
+    model: nn.Module | PoplarExecutor,
+    options: Options | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> PoplarExecutor:
+    """Wrap ``model`` for training: each call runs ``deviceIterations`` optimizer steps.
+
+    Args:
+        model: the model; it must compute exactly one final loss (a torch loss or
+            ``poptorch.identity_loss``). An executor is unwrapped to its model.
+        options: defaults to ``poptorch.Options()``; frozen by this call.
+        optimizer: defaults to ``poptorch.optim.SGD(model.parameters(), lr=0.01)``; its
+            hyper-parameters are read now and again only at ``setOptimizer``.
+
+    Returns:
+        The executor; calling it returns the model's outputs per ``Options.outputMode``
+        (default: the last micro-batch's).
+
+    Raises:
+        RuntimeError: the model is already wrapped by a live training model.
+
+    >>> training = trainingModel(model, poptorch.Options(), optimizer)  # doctest: +SKIP
+    """
+    if isinstance(model, PoplarExecutor):
+        model = model._user_model
+    owner = owner_of(model)
+    if owner is not None:
+        raise RuntimeError(
+            "Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() "
+            "on the model to unwrap before wrapping again."
+        )
+    return PoplarExecutor(model, options, training=True, optimizer=optimizer)
+
+
+def inferenceModel(
+    model: nn.Module | PoplarExecutor, options: Options | None = None
+) -> PoplarExecutor:
+    """Wrap ``model`` for inference: each call runs ``deviceIterations`` forward steps.
+
+    The executor keeps its own copy of the weights. If ``model`` is also wrapped by a
+    ``trainingModel`` (or is that executor), each call first picks up newly trained weights.
+
+    Raises:
+        Error: ``Training.gradientAccumulation`` is not 1.
+
+    >>> inference = inferenceModel(model)  # doctest: +SKIP
+    """
+    if isinstance(model, PoplarExecutor):
+        model = model._user_model
+    if options is not None and isinstance(options, Options):
+        if options.Training.gradient_accumulation != 1:
+            message = _INFERENCE_GA_ERROR
+            if not isinstance(options._execution_strategy, ShardedExecution):
+                message += _PIPELINED_HINT
+            raise Error(message)
+    return PoplarExecutor(model, options, training=False)

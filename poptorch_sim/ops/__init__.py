@@ -1,0 +1,45 @@
+"""PopTorch's ops: losses, blocks, annotations, control flow, slicing, printing, host and custom ops."""
+
+from __future__ import annotations
+
+from .annotations import (
+    Attribute,
+    NameScope,
+    nop,
+    recomputationCheckpoint,
+    serializedMatMul,
+    set_available_memory,
+    set_overlap_for_input,
+    set_overlap_for_output,
+)
+from .blocks import Block, BeginBlock, BlockFunction, LegacyBeginBlockFn, removeBlocks
+from .control import cond, for_loop
+from .cpu import CPU
+from .loss import identity_loss
+from .multiconv import MultiConv
+from .printing import ipu_print_tensor
+from .slicing import dynamic_slice, dynamic_update
+
+__all__ = [
+    "Attribute",
+    "BeginBlock",
+    "Block",
+    "BlockFunction",
+    "CPU",
+    "LegacyBeginBlockFn",
+    "MultiConv",
+    "NameScope",
+    "cond",
+    "dynamic_slice",
+    "dynamic_update",
+    "for_loop",
+    "identity_loss",
+    "ipu_print_tensor",
+    "nop",
+    "recomputationCheckpoint",
+    "removeBlocks",
+    "serializedMatMul",
+    "set_available_memory",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
+]

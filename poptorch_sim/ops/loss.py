@@ -1,0 +1,99 @@
+"""Losses: ``identity_loss`` and the catalogue of torch losses PopTorch recognises as losses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["identity_loss", "LOSS_FUNCTIONS", "LOSS_MODULES", "is_loss_callable"]
+
+_REDUCTIONS = ("sum", "mean", "none")
+
+
+def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Mark ``x`` as the model's final loss, reduced over all its elements.
+
+    Args:
+        x: the loss tensor.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` (``x`` itself).
+
+    Returns:
+        ``x.sum()``, ``x.mean()`` or ``x``.
+
+    Raises:
+        AssertionError: an unknown reduction (PopTorch's type and wording).
+
+    >>> identity_loss(torch.ones(2, 3), "sum")
+    tensor(6.)
+    """
+    if reduction not in _REDUCTIONS:
+        raise AssertionError("Unsupported reduction type!")
+    if reduction == "sum":
+        result = x.sum()
+    elif reduction == "mean":
+        result = x.mean()
+    else:
+        result = x.view_as(x)
+    if _loss_hook is not None:
+        _loss_hook(result)
+    return result
+
+
+# The torch.nn losses PopTorch lowers to a loss (reference §2.4).
+LOSS_MODULES: tuple[type[nn.Module], ...] = (
+    nn.L1Loss,
+    nn.MSELoss,
+    nn.SmoothL1Loss,
+    nn.HuberLoss,
+    nn.NLLLoss,
+    nn.CrossEntropyLoss,
+    nn.BCELoss,
+    nn.BCEWithLogitsLoss,
+    nn.KLDivLoss,
+    nn.PoissonNLLLoss,
+    nn.CosineEmbeddingLoss,
+    nn.TripletMarginLoss,
+    nn.MultiLabelSoftMarginLoss,
+    nn.CTCLoss,
+    nn.HingeEmbeddingLoss,
+    nn.MarginRankingLoss,
+    nn.SoftMarginLoss,
+)
+
+LOSS_FUNCTIONS: tuple[Callable[..., torch.Tensor], ...] = (
+    identity_loss,
+    F.l1_loss,
+    F.mse_loss,
+    F.smooth_l1_loss,
+    F.huber_loss,
+    F.nll_loss,
+    F.cross_entropy,
+    F.binary_cross_entropy,
+    F.binary_cross_entropy_with_logits,
+    F.kl_div,
+    F.poisson_nll_loss,
+    F.cosine_embedding_loss,
+    F.triplet_margin_loss,
+    F.multilabel_soft_margin_loss,
+    F.ctc_loss,
+    F.hinge_embedding_loss,
+    F.margin_ranking_loss,
+    F.soft_margin_loss,
+)
+
+
+def is_loss_callable(fn: object) -> bool:
+    """Whether calling ``fn`` computes a loss in PopTorch's sense (a loss module or function)."""
+    return isinstance(fn, LOSS_MODULES) or any(fn is f for f in LOSS_FUNCTIONS)
+
+
+_loss_hook: Callable[[torch.Tensor], None] | None = None
+
+
+def set_loss_hook(hook: Callable[[torch.Tensor], None] | None) -> None:
+    """Install (or clear) the callback ``identity_loss`` reports its result to while recording."""
+    global _loss_hook
+    _loss_hook = hook

@@ -1,0 +1,47 @@
+"""Builds poptorch_sim, its ``poptorch`` alias and the C++ tile kernels in ``csrc/``."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from setuptools import find_packages, setup
+
+
+def _extensions() -> tuple[list, dict]:
+    sources = sorted(glob.glob("csrc/*.cpp"))
+    if not sources:
+        return [], {}
+    import torch
+    from torch.utils import cpp_extension
+
+    cuda_sources = sorted(glob.glob("csrc/*.cu"))
+    use_cuda = bool(cuda_sources) and (
+        torch.cuda.is_available() or os.environ.get("POPTORCH_SIM_BUILD_CUDA") == "1"
+    ) and cpp_extension.CUDA_HOME is not None
+    cxx = ["-O3", "-std=c++20", "-fopenmp", "-ffp-contract=off"]
+    kwargs = dict(
+        name="poptorch_sim._C",
+        sources=sources + (cuda_sources if use_cuda else []),
+        extra_compile_args={"cxx": cxx + (["-DPOPTORCH_SIM_CUDA"] if use_cuda else [])}
+        | ({"nvcc": ["-O3", "-DPOPTORCH_SIM_CUDA"]} if use_cuda else {}),
+        extra_link_args=["-fopenmp"],
+        py_limited_api=False,
+    )
+    ext_class = cpp_extension.CUDAExtension if use_cuda else cpp_extension.CppExtension
+    return [ext_class(**kwargs)], {"build_ext": cpp_extension.BuildExtension}
+
+
+ext_modules, cmdclass = _extensions()
+
+setup(
+    name="poptorch_sim",
+    version="3.4.0",
+    description="Graphcore PopTorch's API on ordinary CPUs and GPUs",
+    packages=find_packages(include=["poptorch_sim", "poptorch_sim.*", "poptorch", "poptorch.*", "popart"]),
+    package_data={"poptorch_sim": ["py.typed"]},
+    python_requires=">=3.10",
+    install_requires=["torch", "torchvision", "numpy", "tqdm", "pyyaml"],
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+)
