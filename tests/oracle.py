@@ -43,7 +43,9 @@ def train_reference(
                 out = model(*(v[d, a, rep] for v in views))
                 loss = out[loss_index] if isinstance(out, tuple) else out
                 (loss / (ga * r) if mean else loss).backward()
-                per_a.append(tuple(o.detach() for o in out) if isinstance(out, tuple) else out.detach())
+                per_a.append(
+                    tuple(o.detach() for o in out) if isinstance(out, tuple) else out.detach()
+                )
             per_d.append(per_a)
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -69,9 +71,7 @@ def expected_output(
     elif mode == OutputMode.Final:
         parts = [pick(outs[di - 1][ga - 1][x]) for x in range(r)]
     else:
-        parts = [
-            sum(pick(outs[d][a][x]) for d in range(di) for a in range(ga)) for x in range(r)
-        ]
+        parts = [sum(pick(outs[d][a][x]) for d in range(di) for a in range(ga)) for x in range(r)]
     if len(parts) == 1:
         return parts[0]
     if parts[0].dim() == 0:

@@ -72,6 +72,7 @@ class EagerProgram:
         ambiguous loss, a reassigned buffer, or an in-place buffer update that replicas would
         have to broadcast. Buffers and the RNG are restored afterwards.
         """
+        mb = mb.map_tensors(torch.clone)  # in-place edits of inputs must not happen twice
         saved = [b.detach().clone() for b in self.model.buffers()]
         rng = torch.get_rng_state()
         before = buffer_versions(self.model)

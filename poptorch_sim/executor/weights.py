@@ -103,14 +103,23 @@ class _HostTensorMixin:
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
-    def __reduce_ex__(self, proto):  # type: ignore[no-untyped-def]
-        # Saved files must load without poptorch_sim: pickle a plain tensor.
+    def _plain(self, clone: bool) -> torch.Tensor:
         _sync_owner(self)
         with torch._C.DisableTorchFunctionSubclass():
-            plain = self.detach()
+            plain = self.detach().clone() if clone else self.detach()
             if isinstance(self, nn.Parameter):
                 plain = nn.Parameter(plain, self.requires_grad)
-        return plain.__reduce_ex__(proto)
+        return plain
+
+    def __reduce_ex__(self, proto):  # type: ignore[no-untyped-def]
+        # Saved files must load without poptorch_sim: pickle a plain tensor.
+        return self._plain(clone=False).__reduce_ex__(proto)
+
+    def __deepcopy__(self, memo):  # type: ignore[no-untyped-def]
+        # Copies of a wrapped model are the user's plain model.
+        plain = self._plain(clone=True)
+        memo[id(self)] = plain
+        return plain
 
 
 _wrapped_classes: dict[type, type] = {}

@@ -1,0 +1,142 @@
+"""PopTorch's error messages (reference §2.12), raised with PopTorch's exception types."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import poptorch_sim as poptorch
+
+
+class TwoLosses(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        out = self.lin(x)
+        return nn.functional.mse_loss(out, y) + nn.functional.l1_loss(out, y)
+
+
+class Wrapped(TwoLosses):
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        return poptorch.identity_loss(super().forward(x, y), "mean")
+
+
+class NoLoss(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        return self.lin(x)
+
+
+def test_bad_batch_dimension() -> None:
+    opts = poptorch.Options().deviceIterations(3)
+    model = poptorch.inferenceModel(nn.Linear(2, 2), opts)
+    with pytest.raises(AssertionError, match=r"Invalid batch dimension: In the input \(4, 2\)"):
+        model(torch.randn(4, 2))
+
+
+def test_zero_sized_input() -> None:
+    with pytest.raises(poptorch.Error, match="Zero-sized tensors are unsupported"):
+        poptorch.inferenceModel(nn.Linear(2, 2))(torch.randn(0, 2))
+
+
+def test_inference_with_gradient_accumulation() -> None:
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(2)
+    with pytest.raises(poptorch.Error, match="gradientAccumulation to 1.*deviceIterations"):
+        poptorch.inferenceModel(nn.Linear(2, 2), opts)
+    sharded = poptorch.Options().setExecutionStrategy(poptorch.ShardedExecution())
+    sharded.Training.gradientAccumulation(2)
+    with pytest.raises(
+        poptorch.Error, match=r"\(1\) when running a poptorch.inferenceModel\(\).$"
+    ):
+        poptorch.inferenceModel(nn.Linear(2, 2), sharded)
+
+
+def test_no_loss_and_multiple_losses() -> None:
+    x, y = torch.randn(2, 2), torch.randn(2, 2)
+    with pytest.raises(poptorch.Error, match="Couldn't find a loss in graph!"):
+        poptorch.trainingModel(NoLoss())(x, y)
+    with pytest.raises(poptorch.Error, match="Multiple independent losses found in graph"):
+        poptorch.trainingModel(TwoLosses())(x, y)
+    loss = poptorch.trainingModel(Wrapped())(x, y)
+    assert loss.dim() == 0
+
+
+def test_backward_on_outputs() -> None:
+    out = poptorch.inferenceModel(nn.Linear(2, 2))(torch.randn(1, 2))
+    with pytest.raises(poptorch.Error, match=r"backward\(\) cannot be called explicitly"):
+        out.backward()
+
+
+def test_runtime_input_mismatches() -> None:
+    model = poptorch.inferenceModel(nn.Linear(2, 2))
+    model(torch.randn(3, 2))
+    with pytest.raises(
+        poptorch.Error, match="Data type mismatch for input: expected torch.float32"
+    ):
+        model(torch.randn(3, 2).half())
+    with pytest.raises(poptorch.Error, match="inputs passed at runtime don't match"):
+        model(torch.randn(4, 2))
+
+    class Scaled(nn.Module):
+        def forward(self, x: torch.Tensor, k: int = 2) -> torch.Tensor:
+            return x * k
+
+    scaled = poptorch.inferenceModel(Scaled())
+    scaled(torch.ones(1), 3)
+    with pytest.raises(poptorch.Error, match="Value mismatch for k: expected 3 but got 5"):
+        scaled(torch.ones(1), 5)
+
+
+def test_mandatory_and_too_many_arguments() -> None:
+    model = poptorch.inferenceModel(nn.Linear(2, 2))
+    with pytest.raises(poptorch.Error, match="Mandatory parameter input missing"):
+        model()
+    with pytest.raises(AssertionError, match="Too many arguments provided"):
+        model(torch.ones(1, 2), torch.ones(1, 2))
+
+
+def test_invalid_options_type() -> None:
+    with pytest.raises(poptorch.Error, match="Invalid type: 'options' is of type"):
+        poptorch.inferenceModel(nn.Linear(2, 2), {"device_iterations": 2})
+
+
+def test_buffer_reassigned_in_forward() -> None:
+    class Reassign(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("count", torch.zeros(1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.count = self.count + 1
+            return x + self.count
+
+    with pytest.raises(poptorch.Error, match="Buffer count is reassigned within the model"):
+        poptorch.inferenceModel(Reassign())(torch.ones(1))
+
+
+def test_unsupported_optimizer_type() -> None:
+    model = nn.Linear(2, 2)
+    with pytest.raises(AssertionError, match="Unsupported optimizer type"):
+        poptorch.trainingModel(model, optimizer=torch.optim.Adagrad(model.parameters()))
+
+
+def test_error_classes() -> None:
+    assert issubclass(poptorch.RecoverableError, poptorch.Error)
+    assert issubclass(poptorch.UnrecoverableError, poptorch.Error)
+    err = poptorch.createPoptorchError("boom")
+    assert str(err) == "'poptorch_py_error': boom" and err.message == "boom"
+    assert poptorch.poptorch_core.Error is poptorch.Error
+
+
+def test_set_log_level_errors() -> None:
+    with pytest.raises(ValueError, match="Invalid log level integer"):
+        poptorch.setLogLevel(5)
+    with pytest.raises(ValueError, match="Unknown log level: LOUD"):
+        poptorch.setLogLevel("LOUD")

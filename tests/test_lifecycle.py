@@ -1,0 +1,207 @@
+"""Executor lifecycle: compile, attach/detach, destroy, save/load, setOptimizer, anchors."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+
+import pytest
+import torch
+from oracle import train_reference
+from torch import nn
+
+import poptorch_sim as poptorch
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        out = self.lin(x)
+        return out, self.loss(out, y)
+
+
+def _data(n: int = 4):
+    return torch.randn(n, 4), torch.randint(0, 3, (n,))
+
+
+def test_compile_then_call_and_compile_again_warns(capfd: pytest.CaptureFixture[str]) -> None:
+    model = poptorch.inferenceModel(nn.Linear(4, 3))
+    assert not model.isCompiled() and not model.isAttachedToDevice()
+    x = torch.randn(2, 4)
+    model.compile(x)
+    assert model.isCompiled() and model.isAttachedToDevice()
+    model.compile(x)
+    assert "Call to compile() ignored" in capfd.readouterr().err
+    assert isinstance(model.compilationTime(), datetime.timedelta)
+
+
+def test_attach_detach_errors_and_implicit_reattach() -> None:
+    model = poptorch.inferenceModel(nn.Linear(4, 3))
+    with pytest.raises(poptorch.Error, match="Model has not been compiled or has been destroyed"):
+        model.detachFromDevice()
+    x = torch.randn(2, 4)
+    model(x)
+    with pytest.raises(poptorch.Error, match="Device is already attached"):
+        model.attachToDevice()
+    model.detachFromDevice()
+    with pytest.raises(poptorch.Error, match="Device is not attached"):
+        model.detachFromDevice()
+    model(x)
+    assert model.isAttachedToDevice()
+
+
+def test_destroy_allows_new_inputs() -> None:
+    model = poptorch.inferenceModel(nn.Linear(4, 3))
+    model(torch.randn(2, 4))
+    with pytest.raises(poptorch.Error, match="Shape mismatch for input"):
+        model(torch.randn(5, 4))
+    model.destroy()
+    assert model(torch.randn(5, 4)).shape == (5, 3)
+
+
+def test_offline_target_cannot_run() -> None:
+    opts = poptorch.Options().useOfflineIpuTarget()
+    model = poptorch.inferenceModel(nn.Linear(4, 3), opts)
+    model.compile(torch.randn(2, 4))
+    assert not model.isAttachedToDevice()
+    with pytest.raises(AssertionError, match="offline device"):
+        model(torch.randn(2, 4))
+
+
+def test_optimizer_snapshot_until_set_optimizer() -> None:
+    model = Net()
+    reference = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    training = poptorch.trainingModel(model, optimizer=opt)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x, y = _data()
+    training(x, y)
+    train_reference(reference, ref_opt, (x, y), 1, 1, 1)
+    opt.param_groups[0]["lr"] = 0.0  # not seen by the device yet
+    training(x, y)
+    train_reference(reference, ref_opt, (x, y), 1, 1, 1)
+    torch.testing.assert_close(model.lin.weight, reference.lin.weight)
+    training.setOptimizer(opt)
+    before = model.lin.weight.detach().clone()
+    training(x, y)
+    torch.testing.assert_close(model.lin.weight, before)
+
+
+def test_set_optimizer_rejects_changed_constant() -> None:
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    training = poptorch.trainingModel(model, optimizer=opt)
+    training(*_data())
+    opt.param_groups[0]["momentum"] = 0.5
+    with pytest.raises(poptorch.Error, match="momentum"):
+        training.setOptimizer(opt)
+
+
+def test_poptorch_optimizer_state_dict_reads_device_state() -> None:
+    model = Net()
+    opt = poptorch.optim.Adam(model.parameters(), lr=0.01)
+    assert opt.state_dict()["ipu_state"] is None
+    training = poptorch.trainingModel(model, optimizer=opt)
+    training(*_data())
+    state = opt.state_dict()["ipu_state"]
+    device = training._executable.trainer.optimizer
+    exp_avg = device.state[training._executable.device.model.lin.weight]["exp_avg"]
+    torch.testing.assert_close(state["Accl1___lin.weight"], exp_avg)
+
+
+def test_save_and_load_round_trip(tmp_path) -> None:
+    model = Net()
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = _data()
+    training(x, y)
+    path = str(tmp_path / "model.poptorch")
+    training.save(path)
+    loaded = poptorch.load(path)
+    assert loaded.isCompiled()
+    out_a, _ = poptorch.inferenceModel(model)(x, y)
+    out_b, _ = poptorch.inferenceModel(loaded.model)(x, y)
+    torch.testing.assert_close(out_a, out_b)
+
+
+def test_anchored_gradients_and_updated_weights() -> None:
+    model = Net()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.anchorTensor("grad_w", "Gradient___lin.weight")
+    opts.anchorTensor("new_w", "UpdatedVar___lin.weight")
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert "Gradient___lin.weight" not in []  # names exist only after compiling
+    with pytest.raises(AssertionError, match="Model must be compiled"):
+        training.getTensorNames()
+    x, y = _data()
+    training(x, y)
+    assert "Gradient___lin.weight" in training.getTensorNames()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    ref_opt.zero_grad()
+    reference(x, y)[1].backward()
+    torch.testing.assert_close(training.getAnchoredTensor("grad_w"), reference.lin.weight.grad)
+    ref_opt.step()
+    torch.testing.assert_close(training.getAnchoredTensor("new_w"), reference.lin.weight)
+    with pytest.raises(AssertionError, match="No tensor with name nope found"):
+        training.getAnchoredTensor("nope")
+
+
+def test_hooks_run_around_compilation() -> None:
+    calls: list[str] = []
+    pre = poptorch.registerPreCompileHook(lambda: calls.append("pre"))
+    post = poptorch.registerPostCompileHook(lambda: calls.append("post"))
+    try:
+        poptorch.inferenceModel(nn.Linear(2, 2))(torch.randn(1, 2))
+    finally:
+        pre.remove()
+        post.remove()
+    assert calls == ["pre", "post"]
+    with pytest.raises(RuntimeError, match="Pre-compile hook must be callable"):
+        poptorch.registerPreCompileHook(3)
+
+
+def test_is_running_on_ipu_inside_model_only() -> None:
+    class Probe(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1 if poptorch.isRunningOnIpu() else x * 10
+
+    x = torch.ones(1)
+    assert poptorch.inferenceModel(Probe())(x).item() == 2.0
+    assert Probe()(x).item() == 10.0
+    assert not poptorch.isRunningOnIpu()
+
+
+def test_outputs_are_demoted_and_keep_structure() -> None:
+    class Many(nn.Module):
+        def forward(self, x: torch.Tensor):
+            return {"long": x.long(), "double": x.double(), "pair": (x, [x * 2])}
+
+    out = poptorch.inferenceModel(Many())(torch.ones(2, 2))
+    assert list(out) == ["long", "double", "pair"]
+    assert out["long"].dtype == torch.int32 and out["double"].dtype == torch.float32
+    torch.testing.assert_close(out["pair"][1][0], torch.full((2, 2), 2.0))
+
+
+def test_in_place_input_changes_reach_the_caller() -> None:
+    class AddOne(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x += 1
+            return x * 1
+
+    x = torch.zeros(2)
+    model = poptorch.inferenceModel(AddOne())
+    model(x)
+    model(x)
+    torch.testing.assert_close(x, torch.full((2,), 2.0))
+
+
+def test_executor_forwards_attributes_to_model() -> None:
+    module = Net()
+    training = poptorch.trainingModel(module)
+    assert training.lin is module.lin
+    assert training.model is module
+    assert training.options.Training.gradient_accumulation == 1
