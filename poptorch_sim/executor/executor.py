@@ -19,6 +19,7 @@ from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
 from ..logger import logger
 from ..optim import SGD
+from ..optim.replacement import check_update
 from ..optim.snapshot import OptimizerSnapshot, snapshot
 from ..options import Options
 from . import hooks
@@ -110,6 +111,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
             self._dirty_host_weights = True
             if getattr(self._optimizer, "ipu_state_is_dirty", False):
                 self._connect_optimizer_state()
+            # The user's optimizer never steps on the host; LR schedulers must not warn.
+            self._optimizer._opt_called = True  # type: ignore[union-attr]
             if hasattr(self._optimizer, "host_state_is_dirty"):
                 self._optimizer.host_state_is_dirty = True
         leaves = collector.result()
@@ -190,9 +193,11 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
         """
         if not self._training:
             raise Error("setOptimizer() can only be called on a trainingModel")
-        self._snapshot = self._take_snapshot(
-            optimizer, self._snapshot if self._executable is not None else None
-        )
+        compiled = self._executable is not None
+        new = self._take_snapshot(optimizer, self._snapshot if compiled else None)
+        if compiled and self._snapshot is not None:
+            check_update(self._snapshot, new)
+        self._snapshot = new
         old = self._optimizer
         if old is not optimizer and hasattr(old, "_set_state_reader"):
             if self._executable is not None:
@@ -211,7 +216,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
         trainer = exe.trainer
         opt._set_state_reader(lambda: read_state(trainer))
         if opt.ipu_state_is_dirty and opt.has_state():
-            write_state(trainer, opt.get_state_dict()["ipu_state"])
+            state = opt.get_state_dict()
+            write_state(trainer, state["ipu_state"], state["ipu_param"])
             opt.ipu_state_is_dirty = False
         elif not opt.has_state():
             opt._set_ipu_state(*read_state(trainer))

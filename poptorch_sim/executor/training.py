@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from ..enums import ReductionType
-from ..errors import Error
 from ..optim.device import apply_hyperparameters, device_optimizer
+from ..optim.ipu_state import export_state, import_state
 from ..optim.snapshot import OptimizerSnapshot
 
 __all__ = ["DeviceTrainer"]
@@ -46,6 +46,7 @@ class DeviceTrainer:
         self.snapshot = snap
         self.params = params
         self.names = names
+        self.param_names = [names[id(p)] for p in params]
         self.optimizer = device_optimizer(snap, params)
         self._mean_over = micro_batches_per_step if reduction == ReductionType.Mean else 1
         self.anchors: dict[str, torch.Tensor] = {}
@@ -88,51 +89,13 @@ class DeviceTrainer:
                     self.anchors[name] = value.detach().clone()
 
 
-# torch.optim state key → PopART's name prefix for the same tensor.
-_STATE_NAMES = {
-    "exp_avg": "Accl1",
-    "exp_avg_sq": "Accl2",
-    "momentum_buffer": "Accl",
-    "square_avg": "Accl2",
-    "grad_avg": "Accl1",
-    "momentum": "Accl3",
-    "step": "Step",
-}
-_STATE_KEYS = {v: k for k, v in _STATE_NAMES.items()}
-_PARAM_NAMES = {
-    "lr": "learningRate",
-    "weight_decay": "weightDecay",
-    "momentum": "momentum",
-    "dampening": "dampening",
-    "eps": "eps",
-    "alpha": "alpha",
-}
-
-
 def read_state(trainer: DeviceTrainer) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The device optimizer's state and hyper-parameters under PopART-style names."""
-    state: dict[str, torch.Tensor] = {}
-    params: dict[str, torch.Tensor] = {}
-    for group in trainer.optimizer.param_groups:
-        for p in group["params"]:
-            name = trainer.names[id(p)]
-            for key, value in trainer.optimizer.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    state[f"{_STATE_NAMES.get(key, key)}___{name}"] = value.detach().clone()
-            for key, value in group.items():
-                if key in _PARAM_NAMES and isinstance(value, (int, float)):
-                    params[f"{_PARAM_NAMES[key]}___specific___{name}"] = torch.tensor(float(value))
-    params["lossScaling_FLOAT"] = torch.tensor(trainer.loss_scaling)
-    return state, params
+    """The device optimizer's state and hyper-parameters under PopART's names."""
+    return export_state(trainer.optimizer, trainer.snapshot, trainer.param_names)
 
 
-def write_state(trainer: DeviceTrainer, ipu_state: dict[str, torch.Tensor]) -> None:
-    """Load a state read by ``read_state`` (possibly from another run) into the device optimizer."""
-    by_name = {trainer.names[id(p)]: p for p in trainer.params}
-    with torch.no_grad():
-        for key, value in ipu_state.items():
-            prefix, _, name = key.partition("___")
-            if name not in by_name:
-                raise Error(f"Optimizer state {key!r} names no parameter of this model")
-            slot = trainer.optimizer.state[by_name[name]]
-            slot[_STATE_KEYS.get(prefix, prefix)] = value.detach().clone()
+def write_state(
+    trainer: DeviceTrainer, ipu_state: dict[str, torch.Tensor], ipu_param: dict[str, torch.Tensor]
+) -> None:
+    """Load a state read by ``read_state`` (possibly saved from another run) into the device."""
+    import_state(trainer.optimizer, trainer.snapshot, trainer.param_names, ipu_state, ipu_param)

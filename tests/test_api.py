@@ -1,0 +1,137 @@
+"""The public API: ``poptorch_sim.__all__`` is exactly the PopTorch 3.4 names we support."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import poptorch_sim
+
+# PopTorch 3.4's intentional public names (reference §1.1), plus legacy AnchorMode.
+POPTORCH_NAMES = {
+    # errors and helpers
+    "Error",
+    "RecoverableError",
+    "UnrecoverableError",
+    "createPoptorchError",
+    "isRunningOnIpu",
+    "ipuHardwareIsAvailable",
+    "ipuHardwareVersion",
+    "setLogLevel",
+    "load",
+    "trainingModel",
+    "inferenceModel",
+    "PoplarExecutor",
+    "registerPreCompileHook",
+    "registerPostCompileHook",
+    "ICustomArgParser",
+    "registerCustomArgParser",
+    "DataLoader",
+    "AsynchronousDataAccessor",
+    "print",
+    "module_repr",
+    "__version__",
+    # enums
+    "MeanReductionStrategy",
+    "DataLoaderMode",
+    "SharingStrategy",
+    "OutputMode",
+    "AnchorMode",
+    "ConnectionType",
+    "HalfFloatCastingBehavior",
+    "ReductionType",
+    "SyncPattern",
+    "MatMulSerializationMode",
+    "Liveness",
+    "OverlapMode",
+    "AutoStage",
+    "MultiConvPlanType",
+    "CommGroupType",
+    "VariableRetrievalMode",
+    # options
+    "Options",
+    "TensorLocationSettings",
+    "Stage",
+    "Phase",
+    "PipelinedExecution",
+    "ShardedExecution",
+    "ParallelPhasedExecution",
+    "SerialPhasedExecution",
+    "Attribute",
+    "ConfigFileError",
+    "BlockId",
+    # ops
+    "ctc_beam_search_decoder",
+    "ipu_print_tensor",
+    "for_loop",
+    "cond",
+    "nop",
+    "dynamic_slice",
+    "dynamic_update",
+    "recomputationCheckpoint",
+    "serializedMatMul",
+    "set_available_memory",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
+    "Block",
+    "BeginBlock",
+    "BlockFunction",
+    "removeBlocks",
+    "LegacyBeginBlockFn",
+    "custom_op",
+    "CPU",
+    "identity_loss",
+    "fps",
+    "nearest",
+    "MultiConv",
+    "NameScope",
+    # submodules
+    "enums",
+    "ops",
+    "optim",
+    "options",
+    "poptorch_core",
+    "profiling",
+    "testing",
+}
+
+
+def test_all_is_exactly_the_supported_names() -> None:
+    assert set(poptorch_sim.__all__) == POPTORCH_NAMES
+    for name in poptorch_sim.__all__:
+        assert hasattr(poptorch_sim, name), name
+
+
+def test_poptorch_module_is_poptorch_sim_in_a_child_process() -> None:
+    code = (
+        "import poptorch, poptorch_sim, poptorch.options, poptorch.optim;"
+        "assert poptorch is poptorch_sim;"
+        "assert poptorch.options is poptorch_sim.options;"
+        "print(poptorch.ipuHardwareVersion())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "2"
+
+
+def test_hardware_is_configurable(monkeypatch) -> None:
+    assert poptorch_sim.ipuHardwareIsAvailable(4)
+    monkeypatch.setenv("POPTORCH_SIM_NUM_IPUS", "0")
+    assert not poptorch_sim.ipuHardwareIsAvailable()
+    monkeypatch.setenv("POPTORCH_SIM_NUM_IPUS", "2")
+    assert poptorch_sim.ipuHardwareIsAvailable(2) and not poptorch_sim.ipuHardwareIsAvailable(4)
+
+
+def test_run_script_with_module_runner(tmp_path) -> None:
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        "import sys, torch, poptorch\n"
+        "m = poptorch.inferenceModel(torch.nn.Identity())\n"
+        "print('ok', sys.argv[1:], m(torch.ones(2)).tolist())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "poptorch_sim", str(script), "--flag", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "ok ['--flag', '1'] [1.0, 1.0]"
