@@ -49,13 +49,18 @@ from .ops import (
     MultiConv,
     NameScope,
     cond,
+    ctc_beam_search_decoder,
+    custom_op,
     dynamic_slice,
     dynamic_update,
     for_loop,
+    fps,
     identity_loss,
     ipu_print_tensor,
+    nearest,
     nop,
     recomputationCheckpoint,
+    register_custom_op,
     removeBlocks,
     serializedMatMul,
     set_available_memory,
@@ -74,6 +79,7 @@ from .options import (
     Stage,
     TensorLocationSettings,
 )
+from .printing import module_repr, print  # noqa: A004  (PopTorch exports print)
 
 __version__ = "3.4.0+sim"
 
@@ -133,11 +139,15 @@ __all__ = [
     "MultiConv",
     "NameScope",
     "cond",
+    "ctc_beam_search_decoder",
+    "custom_op",
     "dynamic_slice",
     "dynamic_update",
     "for_loop",
+    "fps",
     "identity_loss",
     "ipu_print_tensor",
+    "nearest",
     "nop",
     "recomputationCheckpoint",
     "removeBlocks",
@@ -150,11 +160,17 @@ __all__ = [
     "ipuHardwareVersion",
     "isRunningOnIpu",
     "setLogLevel",
+    "print",
+    "module_repr",
     # submodules
     "enums",
     "ops",
     "optim",
     "options",
     "poptorch_core",
+    "profiling",
+    "testing",
     "__version__",
+    # poptorch_sim's own additions
+    "register_custom_op",
 ]

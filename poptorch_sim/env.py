@@ -12,6 +12,7 @@ __all__ = [
     "engine_options",
     "log_level",
     "num_ipus",
+    "offline",
     "threads_per_ipu",
     "ipu_model",
 ]
@@ -69,6 +70,11 @@ def cache_dir() -> str | None:
 def ipu_model() -> bool:
     """``POPTORCH_IPU_MODEL``: whether the IPU Model was requested (no effect in simulation)."""
     return (_get("POPTORCH_IPU_MODEL") or "0") not in ("0", "false", "False")
+
+
+def offline() -> bool:
+    """``POPTORCH_SIM_OFFLINE``: never try the network (e.g. MNIST downloads); default off."""
+    return (_get("POPTORCH_SIM_OFFLINE") or "0") not in ("0", "false", "False")
 
 
 def engine_options() -> dict[str, Any]:

@@ -93,6 +93,8 @@ POPTORCH_NAMES = {
     "poptorch_core",
     "profiling",
     "testing",
+    # poptorch_sim additions
+    "register_custom_op",
 }
 
 

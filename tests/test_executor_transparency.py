@@ -6,10 +6,10 @@ import copy
 
 import pytest
 import torch
+from oracle import expected_output, train_reference
 from torch import nn
 
 import poptorch_sim as poptorch
-from oracle import expected_output, train_reference
 
 OPTIMIZERS = {
     "SGD": lambda p: poptorch.optim.SGD(p, lr=0.05, momentum=0.9),

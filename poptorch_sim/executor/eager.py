@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 from ..errors import Error
 from ..ipu_context import running_on_ipu
 from ..ops.control import training_graph
+from ..ops.printing import prints_suppressed
 from .batching import Layout
 from .inputs import BoundArgs
 from .losses import LossRecorder, final_loss
@@ -77,7 +78,7 @@ class EagerProgram:
         rng = torch.get_rng_state()
         before = buffer_versions(self.model)
         try:
-            with torch.set_grad_enabled(self.training):
+            with torch.set_grad_enabled(self.training), prints_suppressed():
                 if self.training:
                     self._first_forward(mb)
                 else:

@@ -15,8 +15,10 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ..compiler import uses_blocks
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
+from ..ipu_context import running_on_ipu
 from ..logger import logger
 from ..optim import SGD
 from ..optim.replacement import check_update
@@ -31,6 +33,7 @@ from .outputs import OutputCollector
 from .progress import CompilationBar
 from .replicas import ReplicaBuffers
 from .serialization import SerializationMixin
+from .staged import StagedRunner
 from .training import DeviceTrainer, read_state, write_state
 from .weights import DeviceCopy, HostSync, owner_of
 
@@ -150,14 +153,20 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
         if self._options.connection_type == ConnectionType.Always:
             self._attach()
 
-    def _build_program(self, device: DeviceCopy, bound: BoundArgs, layout: Layout) -> EagerProgram:
+    def _build_program(
+        self, device: DeviceCopy, bound: BoundArgs, layout: Layout
+    ) -> EagerProgram | StagedRunner:
+        first = layout.micro_batch(bound.map_tensors(_to_device_dtype), 0, 0, 0)
+        with running_on_ipu():
+            staged = uses_blocks(device.model, self._options, first.args, first.kwargs)
+        if staged:
+            return StagedRunner(device.model, self._options, first, self._training)
         replicated = layout.replicas > 1
         broadcast = self._options.broadcast_buffers
         buffers = (
             ReplicaBuffers(device.model, layout.replicas) if replicated and not broadcast else None
         )
         program = EagerProgram(device.model, self._training, buffers, replicated and broadcast)
-        first = layout.micro_batch(bound.map_tensors(_to_device_dtype), 0, 0, 0)
         program.prepare(first, device.check_unchanged)
         return program
 
@@ -333,6 +342,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
             if hasattr(self._optimizer, "_set_state_reader"):
                 self._optimizer.state_dict()
                 self._optimizer._set_state_reader(None)
+        if isinstance(self._executable.program, StagedRunner):
+            self._executable.program.close()
         self._executable = None
         self._is_attached = False
         if self._host_sync is not None:
@@ -366,7 +377,7 @@ class _Executable:
         inputs: BoundArgs,
         layout: Layout,
         device: DeviceCopy,
-        program: EagerProgram,
+        program: EagerProgram | StagedRunner,
         trainer: DeviceTrainer | None,
     ) -> None:
         self.inputs = inputs

@@ -12,10 +12,12 @@ from .annotations import (
     set_overlap_for_input,
     set_overlap_for_output,
 )
-from .blocks import Block, BeginBlock, BlockFunction, LegacyBeginBlockFn, removeBlocks
+from .blocks import BeginBlock, Block, BlockFunction, LegacyBeginBlockFn, removeBlocks
 from .control import cond, for_loop
 from .cpu import CPU
+from .custom import custom_op, register_custom_op
 from .loss import identity_loss
+from .misc import ctc_beam_search_decoder, fps, nearest
 from .multiconv import MultiConv
 from .printing import ipu_print_tensor
 from .slicing import dynamic_slice, dynamic_update
@@ -30,6 +32,11 @@ __all__ = [
     "MultiConv",
     "NameScope",
     "cond",
+    "ctc_beam_search_decoder",
+    "custom_op",
+    "fps",
+    "nearest",
+    "register_custom_op",
     "dynamic_slice",
     "dynamic_update",
     "for_loop",

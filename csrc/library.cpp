@@ -1,0 +1,44 @@
+// The poptorch_sim operator library: schemas of the tile-engine, sorting and NMS ops.
+// Accumulation and optimizer ops add theirs with TORCH_LIBRARY_FRAGMENT in their own files.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "tile_engine.h"
+
+namespace poptorch_sim {
+namespace {
+
+std::tuple<std::vector<std::string>, std::vector<std::string>, at::Tensor> engine_counters() {
+  std::vector<std::string> kernels;
+  std::vector<int64_t> flat;
+  engine::counter_table(kernels, flat);
+  const int64_t fields = engine::kNumCounterFields;
+  at::Tensor table =
+      at::tensor(flat, at::TensorOptions().dtype(at::kLong)).reshape({-1, fields}).clone();
+  return {kernels, engine::counter_field_names(), table};
+}
+
+void engine_reset_counters() { engine::reset_counters(); }
+
+int64_t engine_num_tiles() { return engine::num_tiles(); }
+
+int64_t engine_set_num_tiles(int64_t tiles) { return engine::set_num_tiles(tiles); }
+
+}  // namespace
+}  // namespace poptorch_sim
+
+TORCH_LIBRARY(poptorch_sim, m) {
+  m.def(
+      "sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)");
+  m.def("argsort(Tensor self, int dim=-1, bool descending=False) -> Tensor");
+  m.def(
+      "topk(Tensor self, int k, int dim=-1, bool largest=True, bool sorted=True) "
+      "-> (Tensor values, Tensor indices)");
+  m.def("nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor");
+  m.def("batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor");
+  m.def("engine_counters() -> (str[] kernels, str[] fields, Tensor table)",
+        &poptorch_sim::engine_counters);
+  m.def("engine_reset_counters() -> ()", &poptorch_sim::engine_reset_counters);
+  m.def("engine_num_tiles() -> int", &poptorch_sim::engine_num_tiles);
+  m.def("engine_set_num_tiles(int tiles) -> int", &poptorch_sim::engine_set_num_tiles);
+}

@@ -1,0 +1,174 @@
+// Tile iteration for the optimizer kernels, and off-chip optimizer state streamed in chunks.
+//
+// [Note: off-chip optimizer state]
+// With `TensorLocationSettings.useOnChipStorage(False)` for the optimizer state, an IPU keeps
+// the state in host memory ("remote buffers") and streams it through a bounded on-chip staging
+// buffer while the update runs:
+//
+//   for chunk in state:            host ──(chunk)──► staging      bytes_to_device += chunk
+//       update(param[chunk], grad[chunk], staging)                (the same tile kernels)
+//       staging ──(chunk)──► host                                 bytes_to_host   += chunk
+//
+// Chunks are whole tiles (see [Note: optimizer tiles]), so every element meets exactly the
+// arithmetic it meets on-chip and the results are bit-identical. The counters below let the
+// profiler show the streaming: chunks streamed and bytes each way.
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "optimizer.h"
+#include "tile_engine.h"
+
+namespace poptorch_sim {
+namespace optim {
+namespace {
+
+std::atomic<int64_t> g_chunks{0};
+std::atomic<int64_t> g_bytes_to_device{0};
+std::atomic<int64_t> g_bytes_to_host{0};
+
+// Float view of `len` elements at element `offset` of raw data `base` (dtype `dt`): the data
+// itself for float32, else a widened copy in `scratch`.
+float* widen(void* base, at::ScalarType dt, int64_t offset, int64_t len, float* scratch) {
+  if (dt == at::kFloat) {
+    return static_cast<float*>(base) + offset;
+  }
+  if (dt == at::kHalf) {
+    const auto* src = static_cast<const at::Half*>(base) + offset;
+    for (int64_t i = 0; i < len; ++i) {
+      scratch[i] = static_cast<float>(src[i]);
+    }
+  } else {
+    const auto* src = static_cast<const at::BFloat16*>(base) + offset;
+    for (int64_t i = 0; i < len; ++i) {
+      scratch[i] = static_cast<float>(src[i]);
+    }
+  }
+  return scratch;
+}
+
+// Writes a widened tile back (round to nearest even); no-op for float32.
+void narrow(void* base, at::ScalarType dt, int64_t offset, int64_t len, const float* scratch) {
+  if (dt == at::kHalf) {
+    auto* dst = static_cast<at::Half*>(base) + offset;
+    for (int64_t i = 0; i < len; ++i) {
+      dst[i] = static_cast<at::Half>(scratch[i]);
+    }
+  } else if (dt == at::kBFloat16) {
+    auto* dst = static_cast<at::BFloat16*>(base) + offset;
+    for (int64_t i = 0; i < len; ++i) {
+      dst[i] = static_cast<at::BFloat16>(scratch[i]);
+    }
+  }
+}
+
+// Staging buffers of the calling thread, grown on demand and reused across calls.
+std::vector<char>& staging_buffer(size_t slot, size_t bytes) {
+  thread_local std::vector<std::vector<char>> buffers(kMaxStates);
+  auto& buf = buffers[slot];
+  if (buf.size() < bytes) {
+    buf.resize(bytes);
+  }
+  return buf;
+}
+
+}  // namespace
+
+void run_tiles(
+    const ParamOperands& ops,
+    const std::vector<void*>& state_ptrs,
+    int64_t state_origin,
+    int64_t begin,
+    int64_t end,
+    const TileFn& fn) {
+  TORCH_INTERNAL_ASSERT(begin % kTile == 0, "tile range must start on a tile, got ", begin);
+  const size_t ns = state_ptrs.size();
+  void* pbase = ops.param.data_ptr();
+  void* gbase = const_cast<void*>(ops.grad.const_data_ptr());
+  const at::ScalarType pdt = ops.param.scalar_type();
+  const at::ScalarType gdt = ops.grad.scalar_type();
+  const int64_t first = begin / kTile;
+  const int64_t last = (end + kTile - 1) / kTile;
+  at::parallel_for(first, last, 32, [&](int64_t tb, int64_t te) {
+    float pbuf[kTile], gbuf[kTile], sbuf[kMaxStates][kTile];
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t lo = t * kTile;
+      const int64_t len = std::min(kTile, end - lo);
+      TileView v{nullptr, nullptr, {nullptr, nullptr, nullptr}, len, t};
+      v.param = widen(pbase, pdt, lo, len, pbuf);
+      v.grad = widen(gbase, gdt, lo, len, gbuf);
+      for (size_t s = 0; s < ns; ++s) {
+        v.state[s] = widen(state_ptrs[s], ops.states[s].scalar_type(), lo - state_origin, len,
+                           sbuf[s]);
+      }
+      fn(v);
+      narrow(pbase, pdt, lo, len, pbuf);
+      for (size_t s = 0; s < ns; ++s) {
+        narrow(state_ptrs[s], ops.states[s].scalar_type(), lo - state_origin, len, sbuf[s]);
+      }
+    }
+  });
+}
+
+void for_each_tile(
+    const ParamOperands& ops,
+    int64_t chunk_elements,
+    bool write_back,
+    const TileFn& fn) {
+  const int64_t n = ops.param.numel();
+  const size_t ns = ops.states.size();
+  std::vector<void*> host(ns);
+  for (size_t s = 0; s < ns; ++s) {
+    host[s] = ops.states[s].data_ptr();
+  }
+  if (chunk_elements == 0 || ns == 0) {
+    run_tiles(ops, host, 0, 0, n, fn);
+    return;
+  }
+  engine::KernelScope scope("optimizer_offload");
+  std::vector<void*> staging(ns);
+  for (int64_t lo = 0; lo < n; lo += chunk_elements) {
+    const int64_t len = std::min(chunk_elements, n - lo);
+    int64_t bytes = 0;
+    for (size_t s = 0; s < ns; ++s) {
+      const int64_t elsize = static_cast<int64_t>(ops.states[s].element_size());
+      staging[s] = staging_buffer(s, chunk_elements * elsize).data();
+      std::memcpy(staging[s], static_cast<char*>(host[s]) + lo * elsize, len * elsize);
+      bytes += len * elsize;
+    }
+    g_bytes_to_device.fetch_add(bytes, std::memory_order_relaxed);
+    run_tiles(ops, staging, lo, lo, lo + len, fn);
+    if (write_back) {
+      for (size_t s = 0; s < ns; ++s) {
+        const int64_t elsize = static_cast<int64_t>(ops.states[s].element_size());
+        std::memcpy(static_cast<char*>(host[s]) + lo * elsize, staging[s], len * elsize);
+      }
+      g_bytes_to_host.fetch_add(bytes, std::memory_order_relaxed);
+    }
+    g_chunks.fetch_add(1, std::memory_order_relaxed);
+    scope.add_supersteps(1);
+    scope.add_bytes_exchanged(write_back ? 2 * bytes : bytes);
+  }
+}
+
+namespace {
+
+std::vector<int64_t> offload_stats() {
+  return {g_chunks.load(), g_bytes_to_device.load(), g_bytes_to_host.load()};
+}
+
+void offload_reset_stats() {
+  g_chunks = 0;
+  g_bytes_to_device = 0;
+  g_bytes_to_host = 0;
+}
+
+}  // namespace
+}  // namespace optim
+}  // namespace poptorch_sim
+
+TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
+  m.def("offload_stats() -> int[]", &poptorch_sim::optim::offload_stats);
+  m.def("offload_reset_stats() -> ()", &poptorch_sim::optim::offload_reset_stats);
+}

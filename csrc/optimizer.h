@@ -1,0 +1,76 @@
+// Shared pieces of the optimizer tile kernels: operands, tiles, SIMD dispatch, off-chip streaming.
+//
+// [Note: optimizer tiles]
+// Every fused update walks its flat buffers in tiles of kTile elements. A tile is the unit of
+// work (one at::parallel_for item), of dtype conversion (fp16 operands are widened into fp32
+// scratch, updated, and narrowed back) and of reduction: a norm is the in-order sum of one
+// double partial per tile, each partial summed over 8 fixed lanes. Tiles start at multiples of
+// kTile of the parameter's own index, so the numbers do not depend on the thread count, on
+// the pointer alignment, or on how off-chip state is chunked (chunks are whole tiles).
+//
+// The element loops are plain C++ compiled twice: once for the baseline ISA and once with
+// __attribute__((target("avx2"))), picked at run time. Neither variant uses FMA, so both round
+// every operation the same way and give bit-identical results.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace poptorch_sim {
+namespace optim {
+
+constexpr int64_t kTile = 1024;
+constexpr int kMaxStates = 3;
+
+// One tile's float views: param, grad and up to kMaxStates optimizer states.
+struct TileView {
+  float* param;
+  const float* grad;
+  float* state[kMaxStates];
+  int64_t len;    // elements in this tile (<= kTile)
+  int64_t index;  // tile index within the parameter
+};
+
+// Runs `fn(view)` for tiles [tile_begin, tile_end) of one parameter. States come from
+// `state_base` pointers (one per state, raw data of dtype `state_dtypes[s]`) whose element 0
+// corresponds to parameter element `state_offset`.
+using TileFn = std::function<void(const TileView&)>;
+
+struct ParamOperands {
+  at::Tensor param;
+  at::Tensor grad;
+  std::vector<at::Tensor> states;
+};
+
+// Runs `fn` on every tile of elements [begin, end) of `ops`, with state storage taken from
+// `state_ptrs` (raw pointers whose element 0 is parameter element `state_origin`). Parallel
+// over tiles. `begin` must be a multiple of kTile.
+void run_tiles(
+    const ParamOperands& ops,
+    const std::vector<void*>& state_ptrs,
+    int64_t state_origin,
+    int64_t begin,
+    int64_t end,
+    const TileFn& fn);
+
+// Runs `fn` over all tiles of `ops`: directly on the state tensors when `chunk_elements` is 0,
+// otherwise streaming each state through a staging buffer of `chunk_elements` elements per
+// state (see [Note: off-chip optimizer state] in offload.cpp). `write_back` is false for passes
+// that only read the state.
+void for_each_tile(
+    const ParamOperands& ops,
+    int64_t chunk_elements,
+    bool write_back,
+    const TileFn& fn);
+
+// Sum of squares of `x[0:n)` over 8 fixed lanes, in double; see [Note: optimizer tiles].
+double sum_squares(const float* x, int64_t n);
+
+// True when the AVX2 variants of the element loops can run on this CPU.
+bool use_avx2();
+
+}  // namespace optim
+}  // namespace poptorch_sim

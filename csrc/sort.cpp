@@ -1,0 +1,273 @@
+// poptorch_sim::sort and ::argsort: torch.sort's contract, sorted over the tile engine.
+// See [Note: sort keys] in sort.h and [Note: tile engine] in tile_engine.h.
+#include "sort.h"
+
+#include <memory>
+#include <tuple>
+
+#include <ATen/WrapDimUtils.h>
+#include <torch/library.h>
+
+#include "sort_dispatch.h"
+
+namespace poptorch_sim {
+namespace sorting {
+
+namespace {
+
+constexpr int64_t kInsertionSortMax = 48;
+constexpr int64_t kCacheResident = 32768;  // items sorted digit by digit inside L2
+
+inline uint32_t high_word(uint64_t item) { return static_cast<uint32_t>(item >> 32); }
+
+void insertion_sort(uint64_t* items, int64_t n) {
+  for (int64_t i = 1; i < n; ++i) {
+    const uint64_t item = items[i];
+    int64_t j = i;
+    for (; j > 0 && items[j - 1] > item; --j) {
+      items[j] = items[j - 1];
+    }
+    items[j] = item;
+  }
+}
+
+// Bits in which the high words of the items differ (0: all keys equal).
+uint32_t differing_bits(const uint64_t* items, int64_t n) {
+  const uint32_t first = high_word(items[0]);
+  uint32_t diff = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    diff |= high_word(items[i]) ^ first;
+  }
+  return diff;
+}
+
+// LSD radix sort, 11-bit digits, over the bits [0, top] of the high words; result in `items`.
+void lsd_sort(uint64_t* items, uint64_t* scratch, int64_t n, int top) {
+  constexpr int kBits = 11;
+  constexpr uint32_t kMask = (1u << kBits) - 1;
+  const int digits = top / kBits + 1;
+  thread_local std::vector<uint32_t> storage;
+  storage.assign(static_cast<size_t>(digits) << kBits, 0u);
+  uint32_t* hist = storage.data();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t key = high_word(items[i]);
+    for (int d = 0; d < digits; ++d) {
+      ++hist[(d << kBits) + ((key >> (kBits * d)) & kMask)];
+    }
+  }
+  uint64_t* src = items;
+  uint64_t* dst = scratch;
+  for (int d = 0; d < digits; ++d) {
+    uint32_t* counts = hist + (d << kBits);
+    if (counts[(high_word(src[0]) >> (kBits * d)) & kMask] == static_cast<uint32_t>(n)) {
+      continue;
+    }
+    uint32_t offset = 0;
+    for (uint32_t b = 0; b <= kMask; ++b) {
+      const uint32_t c = counts[b];
+      counts[b] = offset;
+      offset += c;
+    }
+    const int shift = 32 + kBits * d;
+    for (int64_t i = 0; i < n; ++i) {
+      dst[counts[(src[i] >> shift) & kMask]++] = src[i];
+    }
+    std::swap(src, dst);
+  }
+  if (src != items) {
+    std::memcpy(items, src, static_cast<size_t>(n) * sizeof(uint64_t));
+  }
+}
+
+}  // namespace
+
+// [Note: sort keys] items arrive ordered by index, so sorting by high word alone (stably)
+// sorts them completely. Large inputs take one most-significant-digit scatter per level until
+// the buckets fit in cache, where least-significant-digit passes finish them.
+void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
+  if (n <= kInsertionSortMax) {
+    insertion_sort(items, n);
+    return;
+  }
+  const uint32_t diff = differing_bits(items, n);
+  if (diff == 0) {
+    return;
+  }
+  const int top = 31 - __builtin_clz(diff);
+  if (n <= kCacheResident) {
+    lsd_sort(items, scratch, n, top);
+    return;
+  }
+  const int shift = std::max(0, top - 7);
+  uint32_t counts[257] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    ++counts[((high_word(items[i]) >> shift) & 255) + 1];
+  }
+  for (int b = 0; b < 256; ++b) {
+    counts[b + 1] += counts[b];
+  }
+  uint32_t next[256];
+  std::memcpy(next, counts, sizeof(next));
+  for (int64_t i = 0; i < n; ++i) {
+    scratch[next[(high_word(items[i]) >> shift) & 255]++] = items[i];
+  }
+  for (int b = 0; b < 256; ++b) {
+    const int64_t lo = counts[b];
+    const int64_t size = static_cast<int64_t>(counts[b + 1]) - lo;
+    if (size == 0) {
+      continue;
+    }
+    if (shift > 0) {
+      radix_sort_high_words(scratch + lo, items + lo, size);
+    }
+    std::memcpy(items + lo, scratch + lo, static_cast<size_t>(size) * sizeof(uint64_t));
+  }
+}
+
+namespace {
+
+// Per-thread scratch memory that outlives a call, so large sorts do not page-fault fresh
+// buffers every time. Slot 0 and 1 are the item buffer and its ping-pong partner.
+template <typename Item>
+Item* workspace(int slot, int64_t n) {
+  thread_local std::vector<Item> slots[2];
+  std::vector<Item>& buffer = slots[slot];
+  if (static_cast<int64_t>(buffer.size()) < n) {
+    buffer.resize(static_cast<size_t>(n));
+  }
+  return buffer.data();
+}
+
+template <typename Codec, typename scalar_t>
+void sort_rows_tiled(
+    const scalar_t* in, int64_t rows, int64_t n, uint32_t flip, scalar_t* values,
+    int64_t* indices, KernelScope& scope) {
+  using Item = typename Codec::Item;
+  const int64_t tiles = engine::num_tiles();
+  Item* buf = workspace<Item>(0, n);
+  Item* scratch = workspace<Item>(1, n);
+  for (int64_t row = 0; row < rows; ++row) {
+    uint32_t flags = 0;
+    const scalar_t* row_in = in + row * n;
+    Item* sorted = tile_sort_row<Codec>(row_in, n, flip, tiles, scope, buf, scratch, flags);
+    write_sorted<Codec>(sorted, n, row_in, flip, flags != 0, values ? values + row * n : nullptr,
+                        indices + row * n, tiles, &scope);
+  }
+}
+
+// Many short rows: each tile sorts whole rows on its own (no exchange needed).
+template <typename Codec, typename scalar_t>
+void sort_rows_per_tile(
+    const scalar_t* in, int64_t rows, int64_t n, uint32_t flip, scalar_t* values,
+    int64_t* indices, KernelScope& scope) {
+  using Item = typename Codec::Item;
+  const int64_t tiles = std::min(engine::num_tiles(), rows);
+  scope.superstep(tiles, [&](int64_t tile) {
+    std::unique_ptr<Item[]> buf(new Item[n]);
+    std::unique_ptr<Item[]> scratch(new Item[n]);
+    for (int64_t row = split_point(rows, tiles, tile); row < split_point(rows, tiles, tile + 1);
+         ++row) {
+      uint32_t flags = 0;
+      const scalar_t* row_in = in + row * n;
+      for (int64_t i = 0; i < n; ++i) {
+        buf[i] = Codec::make(row_in[i], i, flip, flags);
+      }
+      Codec::local_sort(buf.get(), scratch.get(), n);
+      write_sorted<Codec>(buf.get(), n, row_in, flip, flags != 0,
+                          values ? values + row * n : nullptr, indices + row * n, 1, nullptr);
+    }
+  }, rows * n);
+  const double log_n = std::max(1.0, std::log2(static_cast<double>(n)));
+  scope.add_compare_exchanges(static_cast<int64_t>(static_cast<double>(rows * n) * log_n));
+}
+
+}  // namespace
+
+const char* supported_dtypes_message() {
+  return "float32, float64, float16, bfloat16, int64, int32, int16, int8 or uint8";
+}
+
+bool is_supported_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kLong:
+    case at::kInt:
+    case at::kShort:
+    case at::kChar:
+    case at::kByte:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void sort_last_dim(
+    const at::Tensor& input, bool descending, at::Tensor values, at::Tensor indices,
+    KernelScope& scope) {
+  const int64_t n = input.dim() == 0 ? 1 : input.size(-1);
+  if (input.numel() == 0) {
+    return;
+  }
+  TORCH_CHECK(
+      n < (int64_t{1} << 32), "poptorch_sim sort: rows longer than 2^32 - 1 elements are not ",
+      "supported, got a row of ", n);
+  const int64_t rows = input.numel() / n;
+  const uint32_t flip = descending ? 0xffffffffu : 0u;
+  dispatch_sort_type(input.scalar_type(), "sort", [&](auto scalar_tag, auto codec_tag) {
+    using scalar_t = decltype(scalar_tag);
+    using Codec = decltype(codec_tag);
+    const scalar_t* in = input.const_data_ptr<scalar_t>();
+    scalar_t* out = values.defined() ? values.mutable_data_ptr<scalar_t>() : nullptr;
+    int64_t* idx = indices.mutable_data_ptr<int64_t>();
+    if (rows >= 2 && n < (int64_t{1} << 15)) {
+      sort_rows_per_tile<Codec>(in, rows, n, flip, out, idx, scope);
+    } else {
+      sort_rows_tiled<Codec>(in, rows, n, flip, out, idx, scope);
+    }
+  });
+}
+
+void check_sortable(const at::Tensor& self, const char* op) {
+  TORCH_CHECK(
+      self.device().is_cpu(), "poptorch_sim::", op, ": expected a CPU tensor, got one on ",
+      self.device(), "; move it with .cpu() first");
+  TORCH_CHECK(
+      is_supported_dtype(self.scalar_type()), "poptorch_sim::", op, ": unsupported dtype ",
+      self.scalar_type(), "; supported: ", supported_dtypes_message());
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> sort_cpu(const at::Tensor& self, int64_t dim, bool descending) {
+  check_sortable(self, "sort");
+  dim = at::maybe_wrap_dim(dim, self.dim());
+  const at::Tensor moved = self.movedim(dim, -1).contiguous();
+  at::Tensor values = at::empty_like(moved, at::MemoryFormat::Contiguous);
+  at::Tensor indices = at::empty(moved.sizes(), moved.options().dtype(at::kLong));
+  KernelScope scope("sort");
+  sort_last_dim(moved, descending, values, indices, scope);
+  return {values.movedim(-1, dim).contiguous(), indices.movedim(-1, dim).contiguous()};
+}
+
+at::Tensor argsort_cpu(const at::Tensor& self, int64_t dim, bool descending) {
+  check_sortable(self, "argsort");
+  dim = at::maybe_wrap_dim(dim, self.dim());
+  const at::Tensor moved = self.movedim(dim, -1).contiguous();
+  at::Tensor indices = at::empty(moved.sizes(), moved.options().dtype(at::kLong));
+  KernelScope scope("argsort");
+  sort_last_dim(moved, descending, at::Tensor(), indices, scope);
+  return indices.movedim(-1, dim).contiguous();
+}
+
+}  // namespace
+
+}  // namespace sorting
+}  // namespace poptorch_sim
+
+TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
+  m.impl("sort", &poptorch_sim::sorting::sort_cpu);
+  m.impl("argsort", &poptorch_sim::sorting::argsort_cpu);
+}

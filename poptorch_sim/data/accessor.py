@@ -1,0 +1,231 @@
+"""``poptorch.AsynchronousDataAccessor``: loads batches ahead of the model on a background thread."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from ..enums import SharingStrategy
+from ..errors import createPoptorchError
+from ..logger import logger
+from .prefetch import Item, Prefetcher
+from .rebatch import check_batch, rebatch
+from .workers import shutdown_workers
+
+__all__ = ["AsynchronousDataAccessor"]
+
+_ALREADY_ASYNC = (
+    "The DataLoader already uses an AsynchronousDataAccessor internally. Either use the existing "
+    "one or set mode='poptorch.DataLoaderMode.Sync' in the DataLoader."
+)
+_FAILED_TO_START = (
+    "AsynchronousDataAccessor worker thread failed to start (Check above for details)"
+)
+
+
+class AsynchronousDataAccessor:
+    """Iterate over ``dataset`` with batches prefetched by a background thread.
+
+    PopTorch's accessor for hiding data loading behind the model: iterating it returns exactly
+    what iterating ``dataset`` returns, in the same order, while the next ``buffer_size`` batches
+    are already being loaded. Iterate it once per epoch; with ``load_indefinitely`` the next
+    epoch is prefetched as soon as the previous one is exhausted. An exception raised by the
+    dataset reaches the caller unchanged (same type and message, with a note saying where it was
+    raised), at the batch where it happened.
+
+    Simulated: PopTorch runs a separate process (started with ``sharing_strategy``) that copies
+    batches into a ring buffer of shared memory and returns views of that buffer, which the next
+    batch overwrites. Here one daemon *thread* iterates ``dataset`` into a bounded queue; the
+    parallel loading is done by the torch ``DataLoader``'s own worker processes
+    (``num_workers``), so there is no second copy, returned tensors are never overwritten, and
+    ``sharing_strategy`` and ``miss_sleep_time_in_ms`` are accepted but have no effect (blocking
+    waits replace polling). See [Note: prefetch epochs] in ``prefetch.py``.
+
+    Args:
+        dataset: any iterable: a ``poptorch.DataLoader``, a torch ``DataLoader``, a
+            ``torch.utils.data.Dataset`` or ``IterableDataset``. Each element must be a tensor,
+            a flat list/tuple of tensors or a dict of tensors.
+        buffer_size: how many batches to load ahead (default 3).
+        miss_sleep_time_in_ms: accepted for compatibility (default 0.1).
+        load_indefinitely: start loading the next epoch as soon as one ends (default True).
+        early_preload: keep loading past the first batch before the first ``iter()``
+            (default False: only the first batch is loaded at construction).
+        sharing_strategy: accepted for compatibility (default ``SharingStrategy.ForkServer``).
+        rebatched_size: if set, return batches of exactly this many rows, re-cut from the
+            dataset's batches (must be > 1).
+
+    Raises:
+        poptorch.Error: ``dataset`` is a DataLoader already in ``Async`` mode; the dataset is
+            empty; the dataset failed while loading its first element ("...failed to start",
+            chained to the original exception).
+        AssertionError: ``drop_last=False`` DataLoader without ``rebatched_size``;
+            ``rebatched_size <= 1``.
+
+    >>> import torch
+    >>> accessor = AsynchronousDataAccessor(torch.utils.data.TensorDataset(torch.arange(4)))
+    >>> [int(x[0]) for x in accessor]
+    [0, 1, 2, 3]
+    >>> accessor.terminate()
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        buffer_size: int = 3,
+        miss_sleep_time_in_ms: float = 0.1,
+        load_indefinitely: bool = True,
+        early_preload: bool = False,
+        sharing_strategy: SharingStrategy = SharingStrategy.ForkServer,
+        rebatched_size: int | None = None,
+    ) -> None:
+        self._prefetcher: Prefetcher | None = None
+        _check_arguments(dataset, rebatched_size)
+        SharingStrategy(sharing_strategy)
+        self.rebatched_size = rebatched_size
+        self._embedded = getattr(dataset, "_embedding_accessor", False)
+        # A DataLoader that owns this accessor is held weakly (it holds us); anything else
+        # strongly. The loading thread holds neither, so dropping the last user reference
+        # still finalises (and terminates) the accessor.
+        self._dataset_ref = weakref.ref(dataset) if self._embedded else (lambda d=dataset: d)
+        self._generation = 0
+        self._used = False
+        self._at_eof = False
+        self._start(buffer_size, load_indefinitely, early_preload)
+
+    def _start(self, buffer_size: int, load_indefinitely: bool, early_preload: bool) -> None:
+        me = weakref.ref(self)
+        dataset_ref = self._dataset_ref
+        rebatched_size = self.rebatched_size
+
+        def open_epoch() -> Iterator[Any] | None:
+            if me() is None or (dataset := dataset_ref()) is None:
+                return None
+            return _epoch_iterator(dataset, rebatched_size)
+
+        def close_epoch(iterator: Iterator[Any] | None, final: bool) -> None:
+            try:
+                shutdown_workers(iterator, dataset_ref(), final)
+            except Exception as error:  # shutting down must not raise
+                logger.debug("AsynchronousDataAccessor: worker shutdown failed: %s", error)
+
+        prefetcher = Prefetcher(
+            open_epoch,
+            close_epoch,
+            buffer_size,
+            load_indefinitely,
+            early_preload,
+            check_batch,
+            name="poptorch_sim-AsynchronousDataAccessor",
+        )
+        self._prefetcher = prefetcher
+        # Runs on terminate(), on garbage collection, and at interpreter exit (atexit) while
+        # holding no reference to self.
+        self._finalizer = weakref.finalize(self, prefetcher.close)
+        result = prefetcher.start()
+        if result.kind == "ok":
+            return
+        self.terminate()
+        if result.kind == "empty":
+            raise createPoptorchError("The Dataset is empty")
+        logger.error(
+            "AsynchronousDataAccessor: loading the first element failed: %s: %s",
+            type(result.error).__name__,
+            result.error,
+        )
+        raise createPoptorchError(_FAILED_TO_START) from result.error
+
+    def terminate(self) -> None:
+        """Stop the loading thread and the data loader's worker processes (idempotent).
+
+        >>> import torch
+        >>> AsynchronousDataAccessor(torch.utils.data.TensorDataset(torch.arange(2))).terminate()
+        """
+        if self._prefetcher is not None:
+            self._finalizer()
+            self._prefetcher = None
+
+    def __del__(self) -> None:
+        self.terminate()
+
+    def __len__(self) -> int:
+        dataset = self._dataset_ref()
+        length = len(dataset)
+        if self.rebatched_size and not self._embedded:
+            rows = length * (getattr(dataset, "batch_size", None) or 1)
+            length = rows // self.rebatched_size
+        return length
+
+    def __iter__(self) -> AsynchronousDataAccessor:
+        prefetcher = self._live_prefetcher()
+        if self._used or self._at_eof:
+            # Finished or stopped part-way: move to the next epoch (see [Note: prefetch epochs]).
+            self._generation += 1
+        self._used = False
+        self._at_eof = False
+        prefetcher.request_epoch(self._generation)
+        return self
+
+    def __next__(self) -> Any:
+        if self._at_eof:
+            raise StopIteration
+        prefetcher = self._live_prefetcher()
+        prefetcher.request_epoch(self._generation)
+        while True:
+            item = prefetcher.get()
+            if item.generation >= self._generation:
+                break
+        return self._deliver(item)
+
+    def _deliver(self, item: Item) -> Any:
+        self._used = True
+        if item.kind == "data":
+            return item.payload
+        self._at_eof = True
+        if item.kind == "eof":
+            raise StopIteration
+        error = item.payload
+        error.add_note(
+            f"(raised while loading epoch {item.generation} on the AsynchronousDataAccessor "
+            "thread)"
+        )
+        raise error
+
+    def _live_prefetcher(self) -> Prefetcher:
+        if self._prefetcher is None:
+            raise createPoptorchError(
+                "This AsynchronousDataAccessor has been terminated: create a new one (or, for a "
+                "poptorch.DataLoader, iterate the DataLoader again) to load more data."
+            )
+        return self._prefetcher
+
+
+def _check_arguments(dataset: Any, rebatched_size: int | None) -> None:
+    """PopTorch's checks on the accessor's arguments."""
+    from .loader import DataLoader  # loader imports this module
+
+    if isinstance(dataset, DataLoader):
+        if dataset._async_mode and not dataset._embedding_accessor:
+            raise createPoptorchError(_ALREADY_ASYNC)
+        if (
+            not dataset._is_user_batch_sampler_set
+            and not dataset.drop_last
+            and rebatched_size is None
+            and dataset.combinedBatchSize not in (None, 1)
+        ):
+            raise AssertionError(
+                "The 'drop_last=False' option from the DataLoader only works if "
+                "'rebatched_size' is specified too."
+            )
+    if rebatched_size is not None and rebatched_size <= 1:
+        raise AssertionError("rebatched_size must be None or greater than 1")
+
+
+def _epoch_iterator(dataset: Any, rebatched_size: int | None) -> Iterator[Any]:
+    """A fresh iterator over one epoch of ``dataset``, re-batched if asked."""
+    open_epoch = getattr(dataset, "_open_epoch", None)
+    iterator = open_epoch() if callable(open_epoch) else iter(dataset)
+    if rebatched_size is None:
+        return iterator
+    drop_last = getattr(dataset, "rebatched_drop_last", True)
+    return rebatch(iterator, rebatched_size, drop_last)

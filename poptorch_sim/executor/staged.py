@@ -1,0 +1,115 @@
+"""The multi-IPU program: a model cut into stages, run on IPU worker threads.
+
+The compiler traces the device copy of the model on the first micro-batch and cuts it at its
+blocks; the runtime then runs each device iteration's ``GA × R`` micro-batches through the
+pipeline (or one at a time through the shards), and the executor steps the optimizer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ..compiler import compile_program, describe
+from ..compiler.signature import flatten_inputs
+from ..ipu_context import running_on_ipu
+from ..logger import logger
+from ..profiling.trace import TraceRecorder
+from ..program import StagedProgram
+from ..runtime import PipelineRuntime
+from .batching import Layout
+from .inputs import BoundArgs
+from .outputs import OutputCollector
+
+__all__ = ["StagedRunner"]
+
+
+class StagedRunner:
+    """Runs calls of a model compiled into a ``StagedProgram``.
+
+    Args:
+        model: the device copy of the model (the stages share its parameters).
+        options: the model's options (strategy, batching, profiling).
+        first: the first micro-batch, used to trace ``forward``.
+        training: whether calls train.
+    """
+
+    buffers = None  # per-replica buffers are not supported across stages
+
+    def __init__(self, model: nn.Module, options: Any, first: BoundArgs, training: bool) -> None:
+        with running_on_ipu():
+            self.program: StagedProgram = compile_program(
+                model, options, first.args, first.kwargs, training
+            )
+        logger.info("poptorch_sim: %s", describe(self.program))
+        self.training = training
+        self.out_spec: pytree.TreeSpec = self.program.meta["out_spec"]
+        self._constants: dict[int, Any] = self.program.meta["out_constants"]
+        self._signature = self.program.meta["signature"]
+        self.profile_dir: str | None = options.profile_dir
+        self.trace = TraceRecorder() if self.profile_dir else None
+        self.runtime = PipelineRuntime(self.program, training=training, trace=self.trace)
+        finalizer = weakref.finalize(self, _close, self.runtime, self.trace, self.profile_dir)
+        atexit.register(finalizer)
+        self._finalizer = finalizer
+
+    def prepare(self, mb: BoundArgs, check_unchanged: Callable[[], None]) -> None:
+        """Compile-time checks happened while tracing; nothing more to do."""
+
+    def close(self) -> None:
+        """Join the worker threads and write the execution trace, if one was asked for."""
+        self._finalizer()
+
+    def _inputs(self, mb: BoundArgs) -> dict[str, torch.Tensor]:
+        tensors = flatten_inputs(self._signature, mb.args, mb.kwargs)
+        return dict(zip(self.program.input_names, tensors))
+
+    def _leaves(self, values: dict[str, torch.Tensor]) -> list[Any]:
+        produced = iter(values[name] for name in self.program.output_names)
+        return [
+            self._constants[i] if i in self._constants else next(produced)
+            for i in range(self.out_spec.num_leaves)
+        ]
+
+    def run(
+        self,
+        bound: BoundArgs,
+        layout: Layout,
+        collector: OutputCollector,
+        loss_scale: float,
+        step: Callable[[], None] | None,
+    ) -> None:
+        """Run one call: each device iteration's micro-batches through the pipeline, then step."""
+        for d in range(layout.device_iterations):
+            order = [
+                (a, r) for a in range(layout.gradient_accumulation) for r in range(layout.replicas)
+            ]
+            inputs = [self._inputs(layout.micro_batch(bound, d, a, r)) for a, r in order]
+            if self.training:
+                results = self.runtime.run(inputs, loss_scale=loss_scale)
+            else:
+                with torch.no_grad():
+                    results = self.runtime.run(inputs)
+            for (a, r), values in zip(order, results):
+                if collector.wants(d, a):
+                    collector.add(r, self._leaves(values))
+            if step is not None:
+                step()
+
+
+def _close(runtime: PipelineRuntime, trace: TraceRecorder | None, directory: str | None) -> None:
+    runtime.close()
+    if trace is not None and directory is not None and trace.events:
+        os.makedirs(directory, exist_ok=True)
+        path = trace.write(os.path.join(directory, "execution_trace.json"))
+        print(
+            f"poptorch_sim: execution trace written to {path} (open it in https://ui.perfetto.dev)"
+        )
+        print(trace.summary())

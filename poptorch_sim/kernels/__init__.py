@@ -1,0 +1,61 @@
+"""The C++ tile kernels (``torch.ops.poptorch_sim.*``) and their typed Python wrappers.
+
+Importing this package loads ``poptorch_sim._C``. Sorting family and tile engine: this
+package's :mod:`.sorting` and :mod:`.engine`; accumulation, fused optimizer updates and
+off-chip state streaming: :mod:`.optim`.
+"""
+
+from __future__ import annotations
+
+from . import engine
+from .engine import KernelCounters, counters, num_tiles, reset_counters, set_num_tiles, tiles
+from .sorting import argsort, batched_nms, nms, sort, topk
+
+__all__ = [
+    "KernelCounters",
+    "argsort",
+    "batched_nms",
+    "counters",
+    "engine",
+    "nms",
+    "num_tiles",
+    "reset_counters",
+    "set_num_tiles",
+    "sort",
+    "tiles",
+    "topk",
+]
+
+try:
+    from . import optim as _optim
+except ModuleNotFoundError as error:  # optim.py not written yet in this checkout
+    if error.name != f"{__name__}.optim":
+        raise
+    _optim = None
+
+if _optim is not None:
+    from .optim import (
+        FusedOptimizer,
+        accumulate_,
+        accumulate_many_,
+        adam_step_,
+        grad_norm,
+        lamb_step_,
+        offload_reset_stats,
+        offload_stats,
+        rmsprop_step_,
+        sgd_step_,
+    )
+
+    __all__ += [
+        "FusedOptimizer",
+        "accumulate_",
+        "accumulate_many_",
+        "adam_step_",
+        "grad_norm",
+        "lamb_step_",
+        "offload_reset_stats",
+        "offload_stats",
+        "rmsprop_step_",
+        "sgd_step_",
+    ]

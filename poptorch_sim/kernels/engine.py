@@ -1,0 +1,131 @@
+"""Python view of the C++ tile engine: the simulated tile count and per-kernel counters.
+
+The engine (``csrc/tile_engine.h``, see its ``[Note: tile engine]``) runs each kernel as
+supersteps of per-tile compute followed by an exchange, and counts per kernel name:
+
+    counter            meaning
+    calls              kernel invocations
+    supersteps         compute+exchange phases run
+    compare_exchanges  comparisons of a sorting network or merge
+    flops              arithmetic operations (NMS: 12 per IoU evaluated)
+    bytes_exchanged    bytes moved between tiles in exchange phases
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import torch
+
+__all__ = [
+    "KernelCounters",
+    "counters",
+    "load_library",
+    "num_tiles",
+    "reset_counters",
+    "set_num_tiles",
+    "tiles",
+]
+
+
+def load_library() -> None:
+    """Loads ``poptorch_sim._C`` into ``torch.ops.poptorch_sim`` once; idempotent.
+
+    Raises:
+        ImportError: the extension has not been built.
+    """
+    if hasattr(torch.ops.poptorch_sim, "engine_counters"):
+        return
+    spec = importlib.util.find_spec("poptorch_sim._C")
+    if spec is None or spec.origin is None:
+        raise ImportError(
+            "poptorch_sim's C++ kernels are not built: run "
+            "`python setup.py build_ext --inplace` in the project root"
+        )
+    torch.ops.load_library(spec.origin)
+
+
+class KernelCounters(NamedTuple):
+    """What the tile engine counted for one kernel since the last reset."""
+
+    calls: int
+    supersteps: int
+    compare_exchanges: int
+    flops: int
+    bytes_exchanged: int
+
+
+def counters() -> dict[str, KernelCounters]:
+    """Returns the engine's counters per kernel name (``sort``, ``topk``, ``nms``, ...).
+
+    Returns:
+        A dict from kernel name to its :class:`KernelCounters`; kernels not run since the
+        last :func:`reset_counters` are absent.
+
+    >>> reset_counters(); _ = torch.ops.poptorch_sim.sort(torch.randn(8))
+    >>> counters()["sort"].calls
+    1
+    """
+    kernels, fields, table = torch.ops.poptorch_sim.engine_counters()
+    if list(fields) != list(KernelCounters._fields):
+        raise RuntimeError(
+            f"tile engine counter fields {list(fields)} do not match the Python view "
+            f"{list(KernelCounters._fields)}; rebuild poptorch_sim._C"
+        )
+    rows = table.tolist()
+    return {name: KernelCounters(*row) for name, row in zip(kernels, rows)}
+
+
+def reset_counters() -> None:
+    """Zeroes every kernel's counters."""
+    torch.ops.poptorch_sim.engine_reset_counters()
+
+
+def num_tiles() -> int:
+    """Returns the simulated tile count kernels split their work over.
+
+    The default is one tile per host intra-op thread (``torch.get_num_threads()``).
+    """
+    return int(torch.ops.poptorch_sim.engine_num_tiles())
+
+
+def set_num_tiles(count: int) -> int:
+    """Sets the simulated tile count; ``0`` restores the default (one per host thread).
+
+    Args:
+        count: tiles to split kernels over; more tiles than threads run in turns.
+
+    Returns:
+        The previous setting (``0`` when it was the default).
+
+    Raises:
+        ValueError: ``count`` is negative or not an int.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(
+            f"the tile count must be a non-negative int (0 restores the default), got {count!r}"
+        )
+    return int(torch.ops.poptorch_sim.engine_set_num_tiles(count))
+
+
+@contextmanager
+def tiles(count: int) -> Iterator[None]:
+    """Runs the enclosed kernels over ``count`` simulated tiles, then restores the setting.
+
+    Args:
+        count: the tile count inside the block (``0``: the default).
+
+    >>> with tiles(1472):  # one Mk2 IPU's worth of tiles
+    ...     values, indices = torch.ops.poptorch_sim.sort(torch.randn(10_000))
+    """
+    previous = set_num_tiles(count)
+    try:
+        yield
+    finally:
+        set_num_tiles(previous)
+
+
+load_library()

@@ -1,0 +1,324 @@
+"""``FusedOptimizer``: the runtime's optimizer step on the fused C++ kernels, state on/off-chip."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .optim import (
+    TILE_ELEMENTS,
+    adam_step_,
+    grad_norm,
+    lamb_step_,
+    rmsprop_step_,
+    sgd_step_,
+)
+
+__all__ = ["KINDS", "FusedOptimizer"]
+
+# Hyper-parameters of each kind with their defaults (torch.optim's; PopTorch's for LAMB).
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "sgd": dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
+                maximize=False),
+    "adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, maximize=False),
+    "adamw": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, maximize=False,
+                  bias_correction=True),
+    "rmsprop": dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
+                    centered=False, maximize=False, use_tf_variant=False),
+    "lamb": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 max_weight_norm=65500.0, bias_correction=True),
+}  # fmt: skip
+KINDS = tuple(_DEFAULTS)
+
+# Group keys torch optimizers carry that have no effect here (accepted and ignored).
+_TORCH_ONLY_KEYS = {"foreach", "differentiable", "fused", "capturable", "amsgrad",
+                    "decoupled_weight_decay", "initial_lr", "params"}  # fmt: skip
+
+_ACCUM_TYPES = (torch.float32, torch.float16)
+
+
+def _check_accum_type(dtype: torch.dtype) -> None:
+    if dtype not in _ACCUM_TYPES:
+        # PopTorch raises AssertionError with this wording (python/optim.py).
+        raise AssertionError(
+            f"Accumulation types must be either torch.float32 or torch.float16, got {dtype}"
+        )
+
+
+class FusedOptimizer:
+    """An optimizer whose ``step`` runs one fused C++ update per parameter group.
+
+    ``step()`` reads ``p.grad`` (already reduced over accumulation steps and replicas, still
+    multiplied by ``loss_scaling``), divides by ``loss_scaling``, clips to ``max_grad_norm``
+    like ``torch.nn.utils.clip_grad_norm_`` over all params, then updates params and state in
+    place, exactly as ``p.grad /= loss_scaling; clip_grad_norm_(...); torch_opt.step()`` would.
+    ``p.grad`` itself is left untouched. With ``off_chip=True`` the state is streamed through a
+    staging buffer of ``chunk_elements`` per state tensor (see [Note: off-chip optimizer
+    state]); the results are bit-identical to ``off_chip=False``.
+
+    Args:
+        kind: ``"sgd"``, ``"adam"``, ``"adamw"``, ``"rmsprop"`` or ``"lamb"``.
+        params: an iterable of tensors or of param-group dicts ``{"params": [...], "lr": ...}``;
+            missing hyper-parameters take torch's defaults (PopTorch's for LAMB).
+        loss_scaling: the factor the loss was multiplied by (default 1.0).
+        max_grad_norm: global gradient norm clip (default inf: no clipping).
+        accum_type: dtype of the gradient accumulators the runtime keeps (float32/float16).
+        first_order_momentum_accum_type: dtype of exp_avg / momentum_buffer / grad_avg.
+        second_order_momentum_accum_type: dtype of exp_avg_sq / square_avg.
+        off_chip: keep the state "off-chip" and stream it in chunks during the update.
+        chunk_elements: staging size in elements per state tensor (rounded down to whole
+            tiles of 1024, at least one tile).
+
+    Raises:
+        ValueError: unknown kind or hyper-parameter, AMSGrad.
+        AssertionError: accumulation type other than float32/float16 (as PopTorch).
+
+    >>> w = torch.nn.Parameter(torch.ones(3)); w.grad = torch.ones(3)
+    >>> FusedOptimizer("sgd", [w], loss_scaling=1.0).step()
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        *,
+        loss_scaling: float = 1.0,
+        max_grad_norm: float = math.inf,
+        accum_type: torch.dtype = torch.float32,
+        first_order_momentum_accum_type: torch.dtype = torch.float32,
+        second_order_momentum_accum_type: torch.dtype = torch.float32,
+        off_chip: bool = False,
+        chunk_elements: int = 1 << 20,
+    ) -> None:
+        if kind not in _DEFAULTS:
+            raise ValueError(f"unknown optimizer kind {kind!r} (known kinds: {', '.join(KINDS)})")
+        for dtype in (accum_type, first_order_momentum_accum_type,
+                      second_order_momentum_accum_type):  # fmt: skip
+            _check_accum_type(dtype)
+        self.kind = kind
+        self.accum_type = accum_type
+        self.state_dtypes = (first_order_momentum_accum_type, second_order_momentum_accum_type)
+        self.off_chip = off_chip
+        self.chunk_elements = max(TILE_ELEMENTS, chunk_elements // TILE_ELEMENTS * TILE_ELEMENTS)
+        self.loss_scaling = float(loss_scaling)
+        self.max_grad_norm = float(max_grad_norm)
+        self.param_groups: list[dict[str, Any]] = []
+        self.state: dict[Tensor, dict[str, Any]] = {}
+        items = list(params)
+        groups = items if items and isinstance(items[0], dict) else [{"params": items}]
+        for group in groups:
+            self._add_group(group)
+
+    def __repr__(self) -> str:
+        where = f"off-chip, chunk {self.chunk_elements}" if self.off_chip else "on-chip"
+        return (f"FusedOptimizer({self.kind}, {len(self.param_groups)} group(s), "
+                f"loss_scaling={self.loss_scaling}, max_grad_norm={self.max_grad_norm}, "
+                f"state {where})")  # fmt: skip
+
+    # ------------------------------------------------------------------ configuration
+
+    def _add_group(self, group: dict[str, Any]) -> None:
+        params = group["params"]
+        params = [params] if isinstance(params, Tensor) else list(params)
+        new = dict(_DEFAULTS[self.kind])
+        new.update(self._checked_hyper(group))
+        new["params"] = params
+        self.param_groups.append(new)
+
+    def _checked_hyper(self, group: dict[str, Any]) -> dict[str, Any]:
+        if group.get("amsgrad", False):
+            raise ValueError("Only non-amsgrad Adam/AdamW optimizers are supported.")
+        known = _DEFAULTS[self.kind]
+        unknown = sorted(k for k in group if k not in known and k not in _TORCH_ONLY_KEYS)
+        if unknown:
+            raise ValueError(
+                f"unknown {self.kind} hyper-parameter(s) {unknown} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        return {k: v for k, v in group.items() if k in known}
+
+    def set_hyperparameters(
+        self,
+        groups: Sequence[dict[str, Any]],
+        *,
+        loss_scaling: float | None = None,
+        max_grad_norm: float | None = None,
+    ) -> None:
+        """Updates hyper-parameters in place (PopTorch's ``setOptimizer``); state is kept.
+
+        Args:
+            groups: one dict per param group (e.g. a torch optimizer's ``param_groups``);
+                their ``params`` entries are ignored.
+            loss_scaling: new loss scaling, if given.
+            max_grad_norm: new clipping norm, if given.
+
+        Raises:
+            ValueError: a different number of groups, or an unknown hyper-parameter.
+        """
+        if len(groups) != len(self.param_groups):
+            raise ValueError(
+                f"set_hyperparameters got {len(groups)} param groups but the optimizer has "
+                f"{len(self.param_groups)}"
+            )
+        for mine, new in zip(self.param_groups, groups):
+            mine.update(self._checked_hyper(new))
+        if loss_scaling is not None:
+            self.loss_scaling = float(loss_scaling)
+        if max_grad_norm is not None:
+            self.max_grad_norm = float(max_grad_norm)
+
+    # ------------------------------------------------------------------ the step
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Unscales, clips and applies one update to every param that has a ``.grad``."""
+        live = [[p for p in g["params"] if p.grad is not None] for g in self.param_groups]
+        clip = self._clip_coef([p.grad for ps in live for p in ps])
+        chunk = self.chunk_elements if self.off_chip else 0
+        common = dict(loss_scaling=self.loss_scaling, clip_coef=clip, chunk_elements=chunk)
+        for group, params in zip(self.param_groups, live):
+            if params:
+                getattr(self, f"_step_{self.kind}")(group, params, common)
+
+    def _clip_coef(self, grads: list[Tensor]) -> float:
+        if math.isinf(self.max_grad_norm) or not grads:
+            return 1.0
+        total = grad_norm(grads, self.loss_scaling)
+        # The same float32 arithmetic as torch.nn.utils.clip_grad_norm_.
+        coef = self.max_grad_norm / (total + 1e-6)
+        return float(torch.clamp(coef, max=1.0))
+
+    def _zeros(self, p: Tensor, order: int) -> Tensor:
+        return torch.zeros_like(p, dtype=self.state_dtypes[order],
+                                memory_format=torch.contiguous_format)  # fmt: skip
+
+    def _steps(self, params: list[Tensor]) -> list[float]:
+        out = []
+        for p in params:
+            step = self.state[p]["step"]
+            step += 1
+            out.append(float(step))
+        return out
+
+    def _step_sgd(self, group: dict[str, Any], params: list[Tensor], common: dict) -> None:
+        hyper = {k: group[k] for k in ("lr", "momentum", "dampening", "weight_decay",
+                                       "nesterov", "maximize")}  # fmt: skip
+        if group["momentum"] == 0:
+            sgd_step_(params, [p.grad for p in params], [], first_step=False, **hyper, **common)
+            return
+        fresh = [p for p in params if self.state.get(p, {}).get("momentum_buffer") is None]
+        for p in fresh:
+            self.state.setdefault(p, {})["momentum_buffer"] = self._zeros(p, 0)
+        old = [p for p in params if p not in set(fresh)]
+        for subset, first in ((fresh, True), (old, False)):
+            if subset:
+                bufs = [self.state[p]["momentum_buffer"] for p in subset]
+                sgd_step_(subset, [p.grad for p in subset], bufs, first_step=first, **hyper,
+                          **common)  # fmt: skip
+
+    def _init_moments(self, params: list[Tensor], names: Sequence[tuple[str, int]]) -> None:
+        for p in params:
+            st = self.state.setdefault(p, {})
+            if "step" not in st:
+                st["step"] = torch.tensor(0.0, dtype=torch.float32)
+            for name, order in names:
+                if st.get(name) is None:
+                    st[name] = self._zeros(p, order)
+
+    def _step_adam(self, group: dict[str, Any], params: list[Tensor], common: dict) -> None:
+        self._init_moments(params, (("exp_avg", 0), ("exp_avg_sq", 1)))
+        beta1, beta2 = group["betas"]
+        adam_step_(
+            params, [p.grad for p in params], [self.state[p]["exp_avg"] for p in params],
+            [self.state[p]["exp_avg_sq"] for p in params], self._steps(params), lr=group["lr"],
+            beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+            decoupled_weight_decay=self.kind == "adamw",
+            bias_correction=group.get("bias_correction", True), maximize=group["maximize"],
+            **common,
+        )  # fmt: skip
+
+    _step_adamw = _step_adam
+
+    def _step_rmsprop(self, group: dict[str, Any], params: list[Tensor], common: dict) -> None:
+        names = [("square_avg", 1)]
+        if group["momentum"] > 0:
+            names.append(("momentum_buffer", 0))
+        if group["centered"]:
+            names.append(("grad_avg", 0))
+        self._init_moments(params, names)
+        self._steps(params)
+        states = {n: [self.state[p][n] for p in params] for n, _ in names}
+        rmsprop_step_(
+            params, [p.grad for p in params], states["square_avg"],
+            states.get("momentum_buffer", []), states.get("grad_avg", []), lr=group["lr"],
+            alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
+            momentum=group["momentum"], centered=group["centered"], maximize=group["maximize"],
+            use_tf_variant=group["use_tf_variant"], **common,
+        )  # fmt: skip
+
+    def _step_lamb(self, group: dict[str, Any], params: list[Tensor], common: dict) -> None:
+        self._init_moments(params, (("exp_avg", 0), ("exp_avg_sq", 1)))
+        beta1, beta2 = group["betas"]
+        lamb_step_(
+            params, [p.grad for p in params], [self.state[p]["exp_avg"] for p in params],
+            [self.state[p]["exp_avg_sq"] for p in params], self._steps(params), lr=group["lr"],
+            beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+            max_weight_norm=group["max_weight_norm"], bias_correction=group["bias_correction"],
+            **common,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state in ``torch.optim.Optimizer.state_dict()`` layout (params by index).
+
+        The tensors are the live state (not copies), as torch returns them.
+        """
+        index: dict[Tensor, int] = {}
+        groups = []
+        for group in self.param_groups:
+            ids = []
+            for p in group["params"]:
+                index.setdefault(p, len(index))
+                ids.append(index[p])
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": ids})
+        state = {index[p]: dict(st) for p, st in self.state.items() if p in index}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a state saved by ``state_dict()`` here or by the matching torch optimizer.
+
+        Hyper-parameters of the saved groups replace the current ones; state tensors are
+        copied into this optimizer's state dtypes.
+
+        Raises:
+            ValueError: the group structure differs from this optimizer's.
+        """
+        saved_groups = state_dict["param_groups"]
+        sizes = [len(g["params"]) for g in self.param_groups]
+        saved_sizes = [len(g["params"]) for g in saved_groups]
+        if sizes != saved_sizes:
+            raise ValueError(
+                "loaded state dict contains a parameter group that doesn't match the size of "
+                f"optimizer's group: saved group sizes {saved_sizes}, optimizer's {sizes}"
+            )
+        by_index: dict[Any, Tensor] = {}
+        for group, saved in zip(self.param_groups, saved_groups):
+            group.update(self._checked_hyper(saved))
+            by_index.update(zip(saved["params"], group["params"]))
+        self.state = {}
+        for key, saved_state in state_dict["state"].items():
+            p = by_index[key]
+            self.state[p] = {name: self._loaded(p, name, v) for name, v in saved_state.items()}
+
+    def _loaded(self, p: Tensor, name: str, value: Any) -> Any:
+        if name == "step":
+            return torch.tensor(float(value), dtype=torch.float32)
+        if not isinstance(value, Tensor):
+            return value
+        order = 1 if name in ("exp_avg_sq", "square_avg") else 0
+        return value.detach().to(self.state_dtypes[order], copy=True).contiguous()

@@ -1,0 +1,173 @@
+"""Typed wrappers of the accumulation and fused-optimizer tile kernels, and ``FusedOptimizer``."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "KINDS",
+    "TILE_ELEMENTS",
+    "FusedOptimizer",
+    "accumulate_",
+    "accumulate_many_",
+    "adam_step_",
+    "grad_norm",
+    "lamb_step_",
+    "offload_reset_stats",
+    "offload_stats",
+    "rmsprop_step_",
+    "sgd_step_",
+]
+
+# Elements per tile of the C++ kernels; off-chip chunks are whole tiles (csrc/optimizer.h).
+TILE_ELEMENTS = 1024
+
+
+def _load_library() -> None:
+    """Loads ``poptorch_sim._C`` into ``torch.ops`` once; idempotent."""
+    if hasattr(torch.ops.poptorch_sim, "adam_step_"):
+        return
+    spec = importlib.util.find_spec("poptorch_sim._C")
+    if spec is None or spec.origin is None:
+        raise ImportError(
+            "poptorch_sim's C++ kernels are not built: run "
+            "`python setup.py build_ext --inplace` in the project root"
+        )
+    torch.ops.load_library(spec.origin)
+
+
+_load_library()
+_ops = torch.ops.poptorch_sim
+
+
+def accumulate_(accum: Tensor, grad: Tensor, scale: float = 1.0) -> Tensor:
+    """Adds ``grad * scale`` into the flat accumulator ``accum`` in place.
+
+    Args:
+        accum: contiguous float32/float16/bfloat16 accumulator (the optimizer's ``accum_type``).
+        grad: gradient with the same number of elements, float32/float16/bfloat16.
+        scale: 1/(GA*R) for Mean reduction, 1.0 for Sum.
+
+    Returns:
+        ``accum``.
+
+    >>> acc = torch.zeros(4); accumulate_(acc, torch.ones(4), 0.5)
+    tensor([0.5000, 0.5000, 0.5000, 0.5000])
+    """
+    return _ops.accumulate_(accum, grad, scale)
+
+
+def accumulate_many_(accums: list[Tensor], grads: list[Tensor], scale: float = 1.0) -> None:
+    """``accumulate_`` over lists of accumulators and gradients (one call for all params)."""
+    _ops.accumulate_many_(accums, grads, scale)
+
+
+def grad_norm(grads: list[Tensor], loss_scaling: float = 1.0) -> Tensor:
+    """Global L2 norm of ``grads / loss_scaling`` (as ``clip_grad_norm_`` computes it).
+
+    Returns:
+        A 0-d float32 tensor.
+    """
+    if not grads:
+        return torch.zeros((), dtype=torch.float32)
+    return _ops.grad_norm(grads, loss_scaling)
+
+
+def sgd_step_(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tensor], *,
+              lr: float, momentum: float, dampening: float, weight_decay: float,
+              nesterov: bool, maximize: bool, first_step: bool, loss_scaling: float = 1.0,
+              clip_coef: float = 1.0, chunk_elements: int = 0) -> None:  # fmt: skip
+    """Fused ``torch.optim.SGD`` step; ``first_step`` initialises the momentum buffers."""
+    _ops.sgd_step_(
+        params, grads, momentum_buffers, lr=lr, momentum=momentum, dampening=dampening,
+        weight_decay=weight_decay, nesterov=nesterov, maximize=maximize, first_step=first_step,
+        loss_scaling=loss_scaling, clip_coef=clip_coef, chunk_elements=chunk_elements,
+    )  # fmt: skip
+
+
+def adam_step_(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
+               exp_avg_sqs: list[Tensor], steps: list[float], *, lr: float, beta1: float,
+               beta2: float, eps: float, weight_decay: float, decoupled_weight_decay: bool,
+               bias_correction: bool = True, maximize: bool = False, loss_scaling: float = 1.0,
+               clip_coef: float = 1.0, chunk_elements: int = 0) -> None:  # fmt: skip
+    """Fused ``torch.optim.Adam`` (or ``AdamW`` with ``decoupled_weight_decay``) step.
+
+    ``steps`` are the step numbers being taken (already incremented, >= 1).
+    """
+    _ops.adam_step_(
+        params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+        weight_decay=weight_decay, decoupled_weight_decay=decoupled_weight_decay,
+        bias_correction=bias_correction, maximize=maximize, loss_scaling=loss_scaling,
+        clip_coef=clip_coef, chunk_elements=chunk_elements,
+    )  # fmt: skip
+
+
+def rmsprop_step_(params: list[Tensor], grads: list[Tensor], square_avgs: list[Tensor],
+                  momentum_buffers: list[Tensor], grad_avgs: list[Tensor], *, lr: float,
+                  alpha: float, eps: float, weight_decay: float, momentum: float,
+                  centered: bool, maximize: bool = False, use_tf_variant: bool = False,
+                  loss_scaling: float = 1.0, clip_coef: float = 1.0,
+                  chunk_elements: int = 0) -> None:  # fmt: skip
+    """Fused ``torch.optim.RMSprop`` step (``use_tf_variant``: eps inside the square root)."""
+    _ops.rmsprop_step_(
+        params, grads, square_avgs, momentum_buffers, grad_avgs, lr=lr, alpha=alpha, eps=eps,
+        weight_decay=weight_decay, momentum=momentum, centered=centered, maximize=maximize,
+        use_tf_variant=use_tf_variant, loss_scaling=loss_scaling, clip_coef=clip_coef,
+        chunk_elements=chunk_elements,
+    )  # fmt: skip
+
+
+def lamb_step_(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
+               exp_avg_sqs: list[Tensor], steps: list[float], *, lr: float, beta1: float,
+               beta2: float, eps: float, weight_decay: float, max_weight_norm: float,
+               bias_correction: bool = True, loss_scaling: float = 1.0, clip_coef: float = 1.0,
+               chunk_elements: int = 0) -> None:  # fmt: skip
+    """Fused PopTorch LAMB step (trust ratio min(||w||, max_weight_norm) / ||r|| per param)."""
+    _ops.lamb_step_(
+        params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+        weight_decay=weight_decay, max_weight_norm=max_weight_norm,
+        bias_correction=bias_correction, loss_scaling=loss_scaling, clip_coef=clip_coef,
+        chunk_elements=chunk_elements,
+    )  # fmt: skip
+
+
+def offload_stats() -> dict[str, int]:
+    """Off-chip streaming counters since the last reset.
+
+    Returns:
+        ``{"chunks": ..., "bytes_to_device": ..., "bytes_to_host": ...}``.
+    """
+    chunks, to_device, to_host = _ops.offload_stats()
+    return {"chunks": chunks, "bytes_to_device": to_device, "bytes_to_host": to_host}
+
+
+def offload_reset_stats() -> None:
+    """Zeroes the off-chip streaming counters."""
+    _ops.offload_reset_stats()
+
+
+def _register_fakes() -> None:
+    def _none(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    for name in ("sgd_step_", "adam_step_", "rmsprop_step_", "lamb_step_", "accumulate_many_"):
+        torch.library.register_fake(f"poptorch_sim::{name}")(_none)
+
+    @torch.library.register_fake("poptorch_sim::accumulate_")
+    def _accumulate_fake(accum: Tensor, grad: Tensor, scale: float) -> Tensor:
+        return accum
+
+    @torch.library.register_fake("poptorch_sim::grad_norm")
+    def _grad_norm_fake(grads: list[Tensor], loss_scaling: float) -> Tensor:
+        return grads[0].new_empty((), dtype=torch.float32)
+
+
+_register_fakes()
+
+from .fused_optimizer import KINDS, FusedOptimizer  # noqa: E402  (needs the ops above)

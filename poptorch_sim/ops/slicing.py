@@ -1,0 +1,169 @@
+"""Dynamic slicing: ``dynamic_slice`` and ``dynamic_update``, slices whose start is a tensor.
+
+The slice has a static ``size``; only its start is known at run time. Numerically both follow
+PopTorch's CPU implementations: ``tensor[..., start:start + size:step]`` along ``dim`` and
+``torch.slice_scatter``, and both are differentiable.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import createPoptorchError
+from .fx_leaf import fx_leaf
+
+__all__ = ["dynamic_slice", "dynamic_update"]
+
+_INDEX_TYPES = (torch.int16, torch.int32, torch.int64)
+
+
+def _start_index(start: torch.Tensor) -> int:
+    if start.dtype not in _INDEX_TYPES:
+        raise createPoptorchError(
+            f"Expected integer typed start tensor; got a tensor of {start.dtype}. "
+            "Cast the start index with .long() or .int()."
+        )
+    if start.numel() < 1:
+        raise createPoptorchError("The start tensor of a dynamic slice must not be empty.")
+    return int(start.reshape(-1)[0])
+
+
+def _check_size(size: int) -> None:
+    if size == 0:
+        raise createPoptorchError("The start and end of a slice must be different.")
+    if size < 0:
+        raise createPoptorchError(
+            "Taking a slice of a tensor with the end less than the start is not supported."
+        )
+
+
+def _check_dim(tensor: torch.Tensor, dim: int) -> int:
+    if not -tensor.dim() <= dim < max(tensor.dim(), 1):
+        raise createPoptorchError(
+            f"Dimension {dim} is out of range for a tensor of rank {tensor.dim()}."
+        )
+    return dim % max(tensor.dim(), 1)
+
+
+@fx_leaf()
+def dynamic_slice(
+    tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int
+) -> torch.Tensor:
+    """Slice ``size`` elements of ``tensor`` along ``dim`` from the run-time index ``start``.
+
+    Args:
+        tensor: the tensor to slice.
+        dim: the dimension to slice.
+        start: an integer tensor holding the first index.
+        size: the static length of the slice (before ``step``); must divide the dimension.
+        step: take every ``step``-th element of the slice (at least 1).
+
+    Returns:
+        ``tensor`` sliced along ``dim`` as ``[start:start + size:step]``.
+
+    Raises:
+        poptorch.Error: wrong argument types, a size that is not positive or does not divide
+            the dimension, a step below 1, or a non-integer start tensor.
+
+    >>> dynamic_slice(torch.arange(8), 0, torch.tensor([2]), 4, 1)
+    tensor([2, 3, 4, 5])
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise createPoptorchError(
+            f"dynamic_slice must take a torch.tensor input. {type(tensor)} is not supported."
+        )
+    if not isinstance(dim, int):
+        raise createPoptorchError("Dimension must be an integer.")
+    if not isinstance(start, torch.Tensor):
+        raise createPoptorchError(
+            "Slice start argument to dynamic_slice must be a torch.tensor. "
+            f"{type(start)} is not supported."
+        )
+    if not isinstance(size, int):
+        raise createPoptorchError("Size must be an integer.")
+    if not isinstance(step, int):
+        raise createPoptorchError("Step must be an integer.")
+    _check_size(size)
+    if step < 1:
+        raise createPoptorchError("Slicing step must be at least 1")
+    dim = _check_dim(tensor, dim)
+    length = tensor.shape[dim]
+    if length % size != 0:
+        raise createPoptorchError(
+            f"The size of the slice ({size}) must be a factor of the slicing dimension ({length})."
+        )
+    first = _start_index(start)
+    index = [slice(None)] * dim + [slice(first, first + size, step)]
+    return tensor[tuple(index)]
+
+
+def _check_update_args(
+    input: torch.Tensor, src: torch.Tensor, dim: int, start: torch.Tensor, size: int
+) -> None:
+    if not isinstance(input, torch.Tensor):
+        raise createPoptorchError(
+            f"dynamic_update must take a torch.tensor input. {type(input)} is not supported."
+        )
+    if not isinstance(dim, int):
+        raise createPoptorchError("Dimension must be an integer.")
+    if not isinstance(start, torch.Tensor):
+        raise createPoptorchError(
+            "Slice start argument to dynamic_update must be a torch.tensor. "
+            f"{type(start)} is not supported."
+        )
+    if not isinstance(src, torch.Tensor):
+        raise createPoptorchError(
+            f"Src argument to dynamic_update must be a torch.tensor. {type(src)} is not supported."
+        )
+    if not isinstance(size, int):
+        raise createPoptorchError("Size must be an integer.")
+    if input.dim() != src.dim():
+        raise createPoptorchError(
+            "input and src tensors must have same dimensionality. "
+            f"({input.dim()}) vs ({src.dim()})"
+        )
+    if input.dtype != src.dtype:
+        raise createPoptorchError(
+            f"input and src tensor must have same dtype. ({input.dtype} vs {src.dtype})"
+        )
+
+
+@fx_leaf()
+def dynamic_update(
+    input: torch.Tensor, src: torch.Tensor, dim: int, start: torch.Tensor, size: int
+) -> torch.Tensor:
+    """Return ``input`` with ``src`` written along ``dim`` from the run-time index ``start``.
+
+    Args:
+        input: the tensor to update (not modified: a new tensor is returned).
+        src: the values to write; same rank and dtype as ``input``, ``size`` long along ``dim``.
+        dim: the dimension to update.
+        start: an integer tensor holding the first index.
+        size: the static length of the update.
+
+    Returns:
+        A copy of ``input`` with ``input[..., start:start + size] = src`` along ``dim``.
+
+    Raises:
+        poptorch.Error: wrong argument types, mismatched rank/dtype/length, a size that is not
+            positive, or a non-integer start tensor.
+
+    >>> dynamic_update(torch.zeros(4), torch.ones(2), 0, torch.tensor([1]), 2)
+    tensor([0., 1., 1., 0.])
+    """
+    _check_update_args(input, src, dim, start, size)
+    _check_size(size)
+    dim = _check_dim(input, dim)
+    first = _start_index(start)
+    end = first + size
+    if src.shape[dim] != size:
+        raise createPoptorchError(
+            f"dynamic_update: src is {src.shape[dim]} long along dimension {dim} but size is "
+            f"{size}; they must be equal."
+        )
+    if first < 0 or end > input.shape[dim]:
+        raise createPoptorchError(
+            f"dynamic_update: the update [{first}, {end}) along dimension {dim} is outside "
+            f"the input, which is {input.shape[dim]} long."
+        )
+    return torch.slice_scatter(input, src, dim, first, end, 1)

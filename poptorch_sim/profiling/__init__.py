@@ -1,0 +1,7 @@
+"""``poptorch.profiling``: user profiling channels (``Channel``) and the execution trace."""
+
+from __future__ import annotations
+
+from .channel import Channel
+
+__all__ = ["Channel"]

@@ -1,0 +1,192 @@
+"""Execution trace of the IPU workers: timestamped actions, Chrome-trace JSON and a stage summary.
+
+Every action a worker runs (fwd/bwd of a stage on a micro-batch, transfers, optimizer steps) is
+one event on the track of its IPU. ``TraceRecorder.write`` produces the Chrome trace event format
+(a JSON object with ``traceEvents``), which https://ui.perfetto.dev and ``chrome://tracing`` open:
+one thread track per IPU, ``"ph": "X"`` complete events with ``ts``/``dur`` in microseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TraceEvent", "TraceRecorder"]
+
+_PID = 0
+_CATEGORIES = ("fwd", "bwd", "step", "send", "recv")
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One completed action on one IPU; times in microseconds since the recorder started."""
+
+    ipu: int
+    name: str
+    category: str
+    start_us: float
+    dur_us: float
+    stage: int | None = None
+    mb: int | None = None
+
+    @property
+    def end_us(self) -> float:
+        """When the action finished."""
+        return self.start_us + self.dur_us
+
+
+class TraceRecorder:
+    """Collects ``TraceEvent`` from any thread.
+
+    >>> rec = TraceRecorder()
+    >>> with rec.span(0, "0F0", "fwd", stage=0, mb=0):
+    ...     pass
+    >>> [e.name for e in rec.events]
+    ['0F0']
+    """
+
+    def __init__(self) -> None:
+        self._origin_ns = time.perf_counter_ns()
+        self._events: list[TraceEvent] = []
+        self._lock = threading.Lock()
+
+    def now_ns(self) -> int:
+        """The clock events are measured with (``time.perf_counter_ns``)."""
+        return time.perf_counter_ns()
+
+    def record(
+        self,
+        ipu: int,
+        name: str,
+        category: str,
+        start_ns: int,
+        end_ns: int,
+        *,
+        stage: int | None = None,
+        mb: int | None = None,
+    ) -> None:
+        """Add an event that ran from ``start_ns`` to ``end_ns`` (``now_ns`` clock)."""
+        event = TraceEvent(
+            ipu,
+            name,
+            category,
+            (start_ns - self._origin_ns) / 1e3,
+            (end_ns - start_ns) / 1e3,
+            stage,
+            mb,
+        )
+        with self._lock:
+            self._events.append(event)
+
+    @contextmanager
+    def span(
+        self,
+        ipu: int,
+        name: str,
+        category: str,
+        *,
+        stage: int | None = None,
+        mb: int | None = None,
+    ) -> Iterator[None]:
+        """Record the time spent inside the ``with`` block as one event."""
+        start = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            self.record(ipu, name, category, start, time.perf_counter_ns(), stage=stage, mb=mb)
+
+    @property
+    def events(self) -> list[TraceEvent]:
+        """A snapshot of the events so far, ordered by start time."""
+        with self._lock:
+            return sorted(self._events, key=lambda e: (e.start_us, e.ipu))
+
+    def clear(self) -> None:
+        """Forget every event (the clock origin is kept)."""
+        with self._lock:
+            self._events.clear()
+
+    def to_chrome(self) -> dict[str, Any]:
+        """The events in Chrome trace event format, one named thread track per IPU."""
+        events = self.events
+        ipus = sorted({e.ipu for e in events})
+        meta: list[dict[str, Any]] = [
+            {"name": "process_name", "ph": "M", "pid": _PID, "args": {"name": "poptorch_sim"}}
+        ]
+        for ipu in ipus:
+            meta.append(
+                {
+                    "name": "thread_name",
+                    "ph": "M",
+                    "pid": _PID,
+                    "tid": ipu,
+                    "args": {"name": f"IPU {ipu}"},
+                }
+            )
+            meta.append(
+                {
+                    "name": "thread_sort_index",
+                    "ph": "M",
+                    "pid": _PID,
+                    "tid": ipu,
+                    "args": {"sort_index": ipu},
+                }
+            )
+        complete = [
+            {
+                "name": e.name,
+                "cat": e.category,
+                "ph": "X",
+                "ts": round(e.start_us, 3),
+                "dur": round(e.dur_us, 3),
+                "pid": _PID,
+                "tid": e.ipu,
+                "args": {"stage": e.stage, "mb": e.mb},
+            }
+            for e in events
+        ]
+        return {"traceEvents": meta + complete, "displayTimeUnit": "ms"}
+
+    def write(self, path: str | Path) -> Path:
+        """Write the Chrome-trace JSON to ``path`` and print where it went.
+
+        Returns:
+            The path written.
+        """
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(self.to_chrome()))
+        print(f"poptorch_sim: execution trace written to {target} (open it in ui.perfetto.dev)")
+        return target
+
+    def stage_times(self) -> dict[int, dict[str, float]]:
+        """Total milliseconds per stage and category (``fwd``, ``bwd``, ``step``, ...)."""
+        totals: dict[int, dict[str, float]] = defaultdict(lambda: dict.fromkeys(_CATEGORIES, 0.0))
+        for e in self.events:
+            if e.stage is not None:
+                totals[e.stage][e.category] = totals[e.stage].get(e.category, 0.0) + e.dur_us / 1e3
+        return dict(sorted(totals.items()))
+
+    def summary(self) -> str:
+        """A per-stage time table (ms) with each stage's compute share, so imbalance shows.
+
+        ``recv`` is time spent waiting for activations or gradients (pipeline bubbles).
+        """
+        times = self.stage_times()
+        head = f"{'stage':>5} " + " ".join(f"{c:>9}" for c in _CATEGORIES) + f" {'compute':>9}"
+        lines = [head]
+        compute = {s: t["fwd"] + t["bwd"] + t["step"] for s, t in times.items()}
+        for stage, t in times.items():
+            cells = " ".join(f"{t[c]:9.2f}" for c in _CATEGORIES)
+            lines.append(f"{stage:>5} {cells} {compute[stage]:9.2f}")
+        if compute and min(compute.values()) > 0:
+            ratio = max(compute.values()) / min(compute.values())
+            lines.append(f"imbalance (slowest / fastest stage compute): {ratio:.2f}x")
+        return "\n".join(lines)

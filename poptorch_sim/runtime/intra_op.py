@@ -1,0 +1,72 @@
+"""How many intra-op (OpenMP) threads each IPU worker thread uses, and how it sets them.
+
+[Note: per-thread intra-op threads]
+With this torch build (ATen parallel backend OpenMP, libgomp; see
+``torch.__config__.parallel_info()``) ``torch.set_num_threads(n)`` *is* per calling thread,
+with one trap. It calls ``omp_set_num_threads`` (an OpenMP ICV, which belongs to the calling
+thread) and ``mkl_set_num_threads_local``, so two worker threads can run with 1 and 4 threads
+while the main thread keeps its own count; each worker that runs a parallel region becomes the
+master of its own OpenMP team, whose threads exit with the worker. The trap: ATen also stores
+the count in one process-wide atomic, and a thread's *first* parallel op (or
+``torch.get_num_threads()``) lazily re-applies that global value to the thread
+(``at::internal::lazy_init_num_threads``). Measured here (``torch 2.14.1``):
+
+    ================================================  =========================
+    worker: set_num_threads(1); main then sets 2;     worker runs with 2 threads
+    worker's first op runs afterwards                 (the lazy init overrode it)
+    same, but the worker called get_num_threads()     worker keeps 1
+    before set_num_threads(1)
+    a new thread started after workers set 1          starts with 1 (global leaked)
+    main calls set_num_threads(old) after that        new threads start with old
+    ================================================  =========================
+
+So each worker first calls ``torch.get_num_threads()`` (forcing its lazy init), then
+``torch.set_num_threads(n)``; once every worker is ready the runtime restores the global default
+by calling ``torch.set_num_threads`` with the main thread's own count (which leaves the workers'
+counts alone). The default ``n`` splits the main thread's count evenly between the workers so
+``N`` workers do not oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import env
+from ..errors import Error
+
+__all__ = ["resolve_threads_per_ipu", "set_worker_threads", "restore_default_threads"]
+
+
+def resolve_threads_per_ipu(explicit: int | None, num_workers: int) -> int:
+    """Intra-op threads per worker: ``explicit``, else ``POPTORCH_SIM_THREADS_PER_IPU``, else
+    the main thread's count divided evenly between the workers (at least 1).
+
+    Raises:
+        Error: the resolved count is smaller than 1.
+    """
+    value = explicit if explicit is not None else env.threads_per_ipu()
+    if value is None:
+        return max(1, torch.get_num_threads() // max(1, num_workers))
+    if value < 1:
+        raise Error(
+            f"threads_per_ipu must be at least 1, got {value} (from "
+            f"{'the threads_per_ipu argument' if explicit is not None else 'POPTORCH_SIM_THREADS_PER_IPU'})"
+        )
+    return value
+
+
+def set_worker_threads(count: int) -> None:
+    """Give the calling (worker) thread ``count`` intra-op threads.
+
+    See [Note: per-thread intra-op threads].
+    """
+    torch.get_num_threads()  # force this thread's lazy init before setting its own count
+    torch.set_num_threads(count)
+
+
+def restore_default_threads(count: int) -> None:
+    """Reset the process-wide default that new threads inherit (and the caller's count).
+
+    See [Note: per-thread intra-op threads].
+    """
+    torch.set_num_threads(count)

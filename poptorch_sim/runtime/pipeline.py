@@ -1,0 +1,389 @@
+"""``PipelineRuntime``: runs a ``StagedProgram`` on one worker thread per IPU, as a schedule says.
+
+The caller's side of the runtime: it starts the IPU workers, hands each its action list for a
+run, feeds the micro-batches in, collects the program outputs, and turns the first worker failure
+into a ``poptorch_sim.Error`` after stopping the others. One run::
+
+    caller ── Job ──────────────► IPU 0 worker ── act ──► IPU 1 worker ─┐
+           ── Transfer(host) ───►      ▲   ◄──── grad ────────┘        │
+           ◄── (ok, Output / Finished / Failed) ── report queue ◄─────────┘
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import Error
+from ..logger import logger
+from ..profiling.trace import TraceRecorder
+from ..program import StagedProgram
+from .failure import StageFailure
+from .intra_op import resolve_threads_per_ipu, restore_default_threads
+from .routes import HOST, routes_of
+from .schedules import SCHEDULES, Schedule, make_schedule
+from .stage import StageExecutor, prepare_backward
+from .worker import (
+    POLL_S,
+    STOP,
+    Abort,
+    Failed,
+    Finished,
+    IpuWorker,
+    Job,
+    Output,
+    Ready,
+    Transfer,
+)
+
+__all__ = ["PipelineRuntime", "default_devices"]
+
+START_TIMEOUT_S = 60.0  # workers must report ready within this
+ABORT_GRACE_S = 30.0  # how long a failing run waits for the other workers to stop
+JOIN_TIMEOUT_S = 10.0  # per thread, on close
+
+
+def default_devices(ipus: list[int]) -> dict[int, torch.device]:
+    """IPU ``i`` → ``cuda:(i mod n)`` when CUDA has ``n`` devices, else the CPU."""
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return {ipu: torch.device("cuda", ipu % count) for ipu in ipus}
+    return {ipu: torch.device("cpu") for ipu in ipus}
+
+
+def _shutdown(workers: list[IpuWorker]) -> None:
+    """Stop and join every worker thread (also run by the finalizer if ``close`` was skipped)."""
+    for worker in workers:
+        worker.inbox.put(STOP)
+    for worker in workers:
+        if worker.thread.is_alive() and worker.thread is not threading.current_thread():
+            worker.thread.join(JOIN_TIMEOUT_S)
+            if worker.thread.is_alive():
+                logger.warning(
+                    "IPU %d worker did not stop within %.0f s (a stage is still computing)",
+                    worker.ipu,
+                    JOIN_TIMEOUT_S,
+                )
+
+
+class PipelineRuntime:
+    """Executes a ``StagedProgram``: forward (and backward, in training) of every micro-batch.
+
+    Each IPU is one worker thread holding the parameters of its stages; activations flow
+    forward and gradients backward between the threads, so different micro-batches are in
+    different stages at the same time. Threads are joined by ``close()`` (or leaving ``with``).
+
+    Args:
+        program: the stages; their modules are moved to their IPU's device.
+        training: run backward from ``program.loss_name`` and call ``step`` per stage.
+        schedule: ``"1f1b"`` (default) or ``"fill_drain"``; ignored when ``program.sharded``
+            (one micro-batch at a time) and in inference (forward-only pipeline).
+        devices: ``{ipu: device}``; default ``cuda:(ipu mod n)`` with CUDA, else CPU.
+        threads_per_ipu: intra-op threads per worker (default ``POPTORCH_SIM_THREADS_PER_IPU``,
+            else the main thread's count split between the workers).
+        trace: records every action per IPU (see ``poptorch_sim.profiling.trace``).
+
+    Raises:
+        Error: the program is malformed, training without a loss, unknown schedule, a worker
+            failed to start.
+
+    >>> from torch import nn
+    >>> from poptorch_sim.program import StageSpec, StagedProgram
+    >>> class Double(nn.Module):
+    ...     def forward(self, x):
+    ...         return (2 * x,)
+    >>> program = StagedProgram([StageSpec(0, 0, Double(), ("x",), ("y",))], ("x",), ("y",))
+    >>> with PipelineRuntime(program, training=False, devices={0: torch.device("cpu")}) as rt:
+    ...     rt.run([{"x": torch.ones(2)}])
+    [{'y': tensor([2., 2.])}]
+    """
+
+    def __init__(
+        self,
+        program: StagedProgram,
+        *,
+        training: bool,
+        schedule: str = "1f1b",
+        devices: dict[int, torch.device] | None = None,
+        threads_per_ipu: int | None = None,
+        trace: TraceRecorder | None = None,
+    ) -> None:
+        self.program, self.training, self.trace = program, training, trace
+        self.routes = routes_of(program)
+        self.schedule_name = "sharded" if program.sharded else schedule
+        self._check_mode()
+        if training:
+            prepare_backward()
+        self.stage_ipus = tuple(spec.ipu for spec in program.stages)
+        ipus = sorted(set(self.stage_ipus))
+        self.devices = self._devices(ipus, devices)
+        self.threads_per_ipu = resolve_threads_per_ipu(threads_per_ipu, len(ipus))
+        self._reports: queue.Queue[tuple[bool, Any]] = queue.Queue()
+        self._workers = self._make_workers(ipus)
+        self._by_stage = {spec.index: self._workers[spec.ipu] for spec in program.stages}
+        workers = list(self._workers.values())
+        self._finalizer = weakref.finalize(self, _shutdown, workers)
+        self._schedules: dict[int, Schedule] = {}
+        self._run_id = 0
+        self._pending: set[int] = set()  # IPUs whose worker has not finished the current run
+        self._broken: str | None = None
+        self._start(workers)
+
+    # -- construction ----------------------------------------------------------------------------
+
+    def _check_mode(self) -> None:
+        if self.schedule_name not in SCHEDULES or self.schedule_name == "forward":
+            raise Error(
+                f"unknown pipeline schedule {self.schedule_name!r} "
+                "(known schedules: '1f1b', 'fill_drain'; 'sharded' comes from the program)"
+            )
+        if self.training and (self.routes.loss_stage is None or self.routes.loss_stage == HOST):
+            raise Error(
+                f"training needs the program's loss_name to name a stage output, got "
+                f"loss_name={self.program.loss_name!r}"
+            )
+
+    def _devices(
+        self, ipus: list[int], devices: dict[int, torch.device] | None
+    ) -> dict[int, torch.device]:
+        if devices is None:
+            return default_devices(ipus)
+        missing = [ipu for ipu in ipus if ipu not in devices]
+        if missing:
+            raise Error(f"devices has no entry for IPUs {missing} (given: {sorted(devices)})")
+        return {ipu: torch.device(devices[ipu]) for ipu in ipus}
+
+    def _make_workers(self, ipus: list[int]) -> dict[int, IpuWorker]:
+        workers: dict[int, IpuWorker] = {}
+        for ipu in ipus:
+            executors = {}
+            for spec in self.program.stages:
+                if spec.ipu != ipu:
+                    continue
+                spec.module.to(self.devices[ipu])
+                from_stages = frozenset(
+                    name for name in spec.inputs if self.routes.producer[name] != HOST
+                )
+                executors[spec.index] = StageExecutor(
+                    spec,
+                    training=self.training,
+                    loss_name=self.program.loss_name,
+                    from_stages=from_stages,
+                )
+            workers[ipu] = IpuWorker(
+                ipu,
+                executors,
+                self.routes,
+                self.devices[ipu],
+                self.threads_per_ipu,
+                self._reports,
+                self.trace,
+            )
+        for worker in workers.values():
+            worker.peers = {s.index: workers[s.ipu].inbox for s in self.program.stages}
+        return workers
+
+    def _start(self, workers: list[IpuWorker]) -> None:
+        """Start the threads and wait until each has set its intra-op threads."""
+        main_threads = torch.get_num_threads()
+        for worker in workers:
+            worker.thread.start()
+        waiting, deadline = {w.ipu for w in workers}, time.monotonic() + START_TIMEOUT_S
+        try:
+            while waiting:
+                if time.monotonic() > deadline:
+                    raise Error(
+                        f"IPU workers {sorted(waiting)} did not start within "
+                        f"{START_TIMEOUT_S:.0f} s"
+                    )
+                try:
+                    ok, payload = self._reports.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
+                if not ok:
+                    failure: StageFailure = payload.failure
+                    raise failure.error() from failure.exc
+                if isinstance(payload, Ready):
+                    waiting.discard(payload.ipu)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            restore_default_threads(main_threads)  # See [Note: per-thread intra-op threads]
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def schedule(self, num_microbatches: int) -> Schedule:
+        """The schedule a run of ``num_microbatches`` micro-batches follows (printable grid)."""
+        if num_microbatches not in self._schedules:
+            self._schedules[num_microbatches] = make_schedule(
+                self.schedule_name,
+                len(self.program.stages),
+                num_microbatches,
+                training=self.training,
+                stage_ipus=self.stage_ipus,
+            )
+        return self._schedules[num_microbatches]
+
+    def run(
+        self,
+        micro_batches: list[dict[str, torch.Tensor]],
+        *,
+        loss_scale: float = 1.0,
+        step: Callable[[int], None] | None = None,
+    ) -> list[dict[str, torch.Tensor]]:
+        """Run every micro-batch through the pipeline (forward, and backward in training).
+
+        Gradients accumulate (sum) into each parameter's ``.grad`` over the micro-batches;
+        backward starts from ``loss * loss_scale``. ``step(stage)`` runs on the stage's worker
+        thread right after its last backward, while other stages may still be draining.
+
+        Args:
+            micro_batches: one ``{input name: tensor}`` per micro-batch.
+            loss_scale: multiplies the loss gradient (e.g. ``1 / gradientAccumulation``).
+            step: per-stage optimizer step (training only).
+
+        Returns:
+            For each micro-batch, ``{name: detached tensor on the CPU}`` for
+            ``program.output_names``.
+
+        Raises:
+            Error: a stage failed (names stage, IPU, micro-batch and graph node; chained from
+                the original exception), bad inputs, or the runtime is closed.
+        """
+        self._check_usable()
+        self._check_inputs(micro_batches)
+        if not micro_batches:
+            return []
+        schedule = self.schedule(len(micro_batches))
+        self._run_id += 1
+        job_abort = threading.Event()
+        for ipu, worker in self._workers.items():
+            actions = schedule.ipu_actions[ipu]
+            worker.inbox.put(Job(self._run_id, actions, loss_scale, step, job_abort))
+        self._pending = set(self._workers)
+        try:
+            results = self._drive(schedule, micro_batches, job_abort)
+        except Error:
+            raise  # a stage failed; _drive already stopped the run
+        except BaseException:  # KeyboardInterrupt included: stop the workers, then re-raise
+            try:
+                self._abort(job_abort)
+            except BaseException:
+                self._broken = "interrupted again while stopping a run"
+                raise
+            raise
+        return [self._assemble(m, results[m], micro_batches[m]) for m in range(len(results))]
+
+    def close(self) -> None:
+        """Stop and join the worker threads; safe to call twice."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` has run."""
+        return not self._finalizer.alive
+
+    def __enter__(self) -> PipelineRuntime:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- one run --------------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise Error("this PipelineRuntime is closed; build a new one")
+        if self._broken is not None:
+            raise Error(
+                f"this PipelineRuntime is unusable ({self._broken}); close it and build a new one"
+            )
+
+    def _check_inputs(self, micro_batches: list[dict[str, torch.Tensor]]) -> None:
+        want = set(self.program.input_names)
+        for m, values in enumerate(micro_batches):
+            if set(values) != want:
+                raise Error(
+                    f"micro-batch {m} has inputs {sorted(values)} but the program takes "
+                    f"{sorted(want)}"
+                )
+
+    def _feed(self, m: int, values: dict[str, torch.Tensor]) -> None:
+        """Send the program inputs of micro-batch ``m`` to every stage that reads them."""
+        for spec in self.program.stages:
+            names = self.routes.inputs_from[spec.index].get(HOST, ())
+            if names or spec.index == 0:
+                payload: dict[str, torch.Tensor | None] = {n: values[n] for n in names}
+                transfer = Transfer(self._run_id, "act", spec.index, m, HOST, payload)
+                self._by_stage[spec.index].inbox.put(transfer)
+
+    def _drive(
+        self,
+        schedule: Schedule,
+        micro_batches: list[dict[str, torch.Tensor]],
+        job_abort: threading.Event,
+    ) -> list[dict[str, torch.Tensor]]:
+        """Feed the inputs (one at a time when serial), collect outputs until all finished."""
+        count, last = len(micro_batches), len(self.program.stages) - 1
+        fed = count if not schedule.serial else 1
+        for m in range(fed):
+            self._feed(m, micro_batches[m])
+        results: list[dict[str, torch.Tensor]] = [{} for _ in range(count)]
+        pending = self._pending
+        while pending:
+            try:
+                ok, payload = self._reports.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            if getattr(payload, "run_id", self._run_id) != self._run_id:
+                continue  # a late report of an aborted run
+            if not ok:
+                pending.discard(payload.failure.ipu)
+                self._abort(job_abort)
+                raise payload.failure.error() from payload.failure.exc
+            if isinstance(payload, Output):
+                results[payload.mb].update(payload.values)
+                if payload.stage == last and fed < count:
+                    self._feed(fed, micro_batches[fed])
+                    fed += 1
+            elif isinstance(payload, Finished):
+                pending.discard(payload.ipu)
+        return results
+
+    def _abort(self, job_abort: threading.Event) -> None:
+        """Tell every worker to drop the run; wait (bounded) until the pending ones stopped."""
+        pending = self._pending
+        job_abort.set()
+        for worker in self._workers.values():
+            worker.inbox.put(Abort(self._run_id))
+        deadline = time.monotonic() + ABORT_GRACE_S
+        while pending and time.monotonic() < deadline:
+            try:
+                ok, payload = self._reports.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            if getattr(payload, "run_id", None) != self._run_id:
+                continue
+            if isinstance(payload, Failed):
+                pending.discard(payload.failure.ipu)
+            elif isinstance(payload, Finished):
+                pending.discard(payload.ipu)
+        if pending:
+            self._broken = f"IPU workers {sorted(pending)} did not stop after a failed run"
+            logger.warning("%s within %.0f s", self._broken, ABORT_GRACE_S)
+
+    def _assemble(
+        self, m: int, produced: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Micro-batch ``m``'s outputs in ``output_names`` order (inputs may pass through)."""
+        out = {}
+        for name in self.program.output_names:
+            out[name] = produced[name] if name in produced else inputs[name].detach()
+        return out

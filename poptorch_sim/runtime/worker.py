@@ -1,0 +1,292 @@
+"""One IPU worker thread: interprets its schedule's action list for the stages placed on its IPU.
+
+Workers never raise across threads: every outcome goes on the shared report queue as
+``(ok, payload)`` — ``(True, Ready | Output | Finished)`` or ``(False, Failed)`` — and the caller
+decides what to raise (``pipeline.py``). Every blocking wait in a worker either has a timeout
+after which it checks the run's abort flag, or is woken by a pill (``STOP``, ``Abort``).
+
+Messages in a worker's inbox::
+
+    Job        start a run: the action list, loss scale, step callback, abort flag
+    Transfer   activations ("act") or gradients ("grad") for (stage, mb) from a stage / the host
+    Abort      stop the current run (tagged with its run id; stale ones are dropped)
+    STOP       leave the thread
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..profiling.trace import TraceRecorder
+from .actions import Action, ActionKind
+from .failure import StageFailure, graph_node_of
+from .intra_op import set_worker_threads
+from .routes import HOST, Routes
+from .stage import StageExecutor
+
+__all__ = [
+    "STOP",
+    "POLL_S",
+    "Job",
+    "Transfer",
+    "Abort",
+    "Ready",
+    "Output",
+    "Finished",
+    "Failed",
+    "IpuWorker",
+]
+
+POLL_S = 0.1  # how often a blocked wait re-checks the abort flag
+STOP = "STOP"
+
+Values = dict[str, torch.Tensor | None]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a worker's action list."""
+
+    run_id: int
+    actions: tuple[Action, ...]
+    loss_scale: float
+    step: Callable[[int], None] | None
+    abort: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Values sent to ``stage`` for micro-batch ``mb`` by stage ``src`` (``HOST`` = the host)."""
+
+    run_id: int
+    kind: str
+    stage: int
+    mb: int
+    src: int
+    values: Values
+
+
+@dataclass(frozen=True)
+class Abort:
+    run_id: int
+
+
+@dataclass(frozen=True)
+class Ready:
+    ipu: int
+
+
+@dataclass(frozen=True)
+class Output:
+    """Program outputs made by ``stage`` for ``mb`` (the last stage always reports, maybe empty)."""
+
+    run_id: int
+    stage: int
+    mb: int
+    values: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Finished:
+    run_id: int
+    ipu: int
+    aborted: bool
+
+
+@dataclass(frozen=True)
+class Failed:
+    run_id: int
+    failure: StageFailure
+
+
+class _Aborted(Exception):
+    def __init__(self, leave: bool = False) -> None:
+        super().__init__("aborted")
+        self.leave = leave
+
+
+_CATEGORY = {
+    ActionKind.F: "fwd",
+    ActionKind.B: "bwd",
+    ActionKind.STEP: "step",
+    ActionKind.SEND_F: "send",
+    ActionKind.SEND_B: "send",
+    ActionKind.RECV_F: "recv",
+    ActionKind.RECV_B: "recv",
+}
+_PHASE = {"fwd": "forward", "bwd": "backward", "step": "optimizer step"}
+
+
+class IpuWorker:
+    """The thread of one IPU and the state of the stages it holds.
+
+    Args:
+        ipu: the IPU id.
+        stages: the executors of the stages placed on this IPU, by stage index.
+        routes: the program's routes.
+        device: where this IPU's parameters and activations live.
+        threads: intra-op threads for this worker.
+        reports: the queue shared by all workers and read by the caller.
+        trace: where actions are timestamped, if anywhere.
+    """
+
+    def __init__(
+        self,
+        ipu: int,
+        stages: dict[int, StageExecutor],
+        routes: Routes,
+        device: torch.device,
+        threads: int,
+        reports: queue.Queue[tuple[bool, Any]],
+        trace: TraceRecorder | None,
+    ) -> None:
+        self.ipu, self.stages, self.routes, self.device = ipu, stages, routes, device
+        self.threads, self.reports, self.trace = threads, reports, trace
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.peers: dict[int, queue.Queue[Any]] = {}  # stage -> inbox of its IPU
+        self.last_stage = len(routes.inputs_from) - 1
+        self._stash: dict[tuple[str, int, int], dict[int, Values]] = {}
+        self._held: dict[tuple[ActionKind, int, int], Values] = {}
+        self.thread = threading.Thread(
+            target=self._main, name=f"poptorch_sim IPU {ipu}", daemon=True
+        )
+
+    # -- thread body ----------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            set_worker_threads(self.threads)
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+        except BaseException as exc:  # reported, never raised across threads
+            failure = StageFailure(min(self.stages), self.ipu, None, "worker start-up", exc)
+            self.reports.put((False, Failed(0, failure)))
+            return
+        self.reports.put((True, Ready(self.ipu)))
+        while True:
+            msg = self.inbox.get()  # idle: woken by a Job or the STOP pill
+            if msg is STOP:
+                return
+            if isinstance(msg, Job) and not self._run(msg):
+                return
+
+    def _run(self, job: Job) -> bool:
+        """Run one job; returns False when the thread must leave (STOP arrived)."""
+        leave, action = False, None
+        try:
+            for action in job.actions:
+                if job.abort.is_set():
+                    raise _Aborted()
+                self._traced(action, job)
+            self.reports.put((True, Finished(job.run_id, self.ipu, aborted=False)))
+        except _Aborted as stop:
+            leave = stop.leave
+            self.reports.put((True, Finished(job.run_id, self.ipu, aborted=True)))
+        except BaseException as exc:  # reported, never raised across threads
+            self.reports.put((False, Failed(job.run_id, self._describe(action, exc))))
+        finally:
+            self._stash.clear()
+            self._held.clear()
+            for executor in self.stages.values():
+                executor.discard()
+        return not leave
+
+    def _describe(self, action: Action | None, exc: BaseException) -> StageFailure:
+        stage = action.stage if action is not None else min(self.stages)
+        category = _CATEGORY[action.kind] if action is not None else "run"
+        phase = _PHASE.get(category, {"send": "send", "recv": "receive"}.get(category, category))
+        node = None
+        if action is not None and action.kind is ActionKind.F:
+            node = graph_node_of(exc, self.stages[stage].spec.module)
+        return StageFailure(stage, self.ipu, action.mb if action else None, phase, exc, node)
+
+    def _traced(self, action: Action, job: Job) -> None:
+        if self.trace is None:
+            self._do(action, job)
+            return
+        category = _CATEGORY[action.kind]
+        with self.trace.span(self.ipu, repr(action), category, stage=action.stage, mb=action.mb):
+            self._do(action, job)
+
+    # -- actions ----------------------------------------------------------------------------------
+
+    def _do(self, action: Action, job: Job) -> None:
+        s, kind = action.stage, action.kind
+        m = action.mb if action.mb is not None else -1
+        if kind is ActionKind.RECV_F:
+            self._held[(kind, s, m)] = self._gather("act", s, m, self._act_sources(s), job)
+        elif kind is ActionKind.F:
+            inputs = self._held.pop((ActionKind.RECV_F, s, m))
+            outputs = self.stages[s].forward(m, inputs)  # type: ignore[arg-type]
+            self._held[(kind, s, m)] = dict(outputs)
+        elif kind is ActionKind.SEND_F:
+            self._send_activations(s, m, job.run_id)
+        elif kind is ActionKind.RECV_B:
+            self._held[(kind, s, m)] = self._gather("grad", s, m, self.routes.downstream(s), job)
+        elif kind is ActionKind.B:
+            grads = self._held.pop((ActionKind.RECV_B, s, m), {})
+            seeds = {name: g for name, g in grads.items() if g is not None}
+            self._held[(kind, s, m)] = self.stages[s].backward(m, seeds, job.loss_scale)
+        elif kind is ActionKind.SEND_B:
+            self._send_gradients(s, m, job.run_id)
+        elif kind is ActionKind.STEP and job.step is not None:
+            job.step(s)
+
+    def _act_sources(self, stage: int) -> list[int]:
+        sources = list(self.routes.inputs_from[stage])
+        return sources if stage != 0 or HOST in sources else [*sources, HOST]
+
+    def _send_activations(self, s: int, m: int, run_id: int) -> None:
+        outputs = self._held.pop((ActionKind.F, s, m))
+        for consumer, names in self.routes.outputs_to[s].items():
+            values: Values = {name: outputs[name].detach() for name in names}  # type: ignore[union-attr]
+            self.peers[consumer].put(Transfer(run_id, "act", consumer, m, s, values))
+        if self.routes.to_host[s] or s == self.last_stage:
+            to_host = {n: outputs[n].detach().to("cpu") for n in self.routes.to_host[s]}  # type: ignore[union-attr]
+            self.reports.put((True, Output(run_id, s, m, to_host)))
+
+    def _send_gradients(self, s: int, m: int, run_id: int) -> None:
+        grads = self._held.pop((ActionKind.B, s, m))
+        for producer in self.routes.upstream(s):
+            names = self.routes.inputs_from[s][producer]
+            values = {name: grads.get(name) for name in names}
+            self.peers[producer].put(Transfer(run_id, "grad", producer, m, s, values))
+
+    # -- receiving --------------------------------------------------------------------------------
+
+    def _gather(self, kind: str, stage: int, mb: int, sources: list[int], job: Job) -> Values:
+        """Wait until every source has sent ``kind`` for (stage, mb); merge onto this device.
+
+        Gradients for one value from several consumers are summed.
+        """
+        key = (kind, stage, mb)
+        while not set(sources) <= self._stash.get(key, {}).keys():
+            self._take_one(job)
+        merged: Values = {}
+        for values in self._stash.pop(key, {}).values():
+            for name, value in values.items():
+                if value is None:
+                    merged.setdefault(name, None)
+                    continue
+                value = value.to(self.device)
+                previous = merged.get(name)
+                merged[name] = value if previous is None else previous + value
+        return merged
+
+    def _take_one(self, job: Job) -> None:
+        try:
+            msg = self.inbox.get(timeout=POLL_S)
+        except queue.Empty:
+            msg = None
+        if msg is STOP:
+            raise _Aborted(leave=True)
+        if job.abort.is_set() or (isinstance(msg, Abort) and msg.run_id == job.run_id):
+            raise _Aborted()
+        if isinstance(msg, Transfer) and msg.run_id == job.run_id:
+            self._stash.setdefault((msg.kind, msg.stage, msg.mb), {})[msg.src] = msg.values
