@@ -6,7 +6,11 @@ One *run* is forward+backward of ``M`` micro-batches of ``mb`` rows (gradient ac
 * pipelined: ``PipelineRuntime`` with the 1F1B schedule, one intra-op thread per IPU worker.
 * sharded: the same stages, one micro-batch at a time (``ShardedExecution``), one thread per IPU.
 * plain: the whole model in eager PyTorch on the main thread with every core as intra-op
-  threads (``torch.set_num_threads(os.cpu_count())``).
+  threads (``torch.set_num_threads(os.cpu_count())``); plain-1t: the same on one thread.
+
+``cpu pipe/plain-1t`` is CPU seconds of the pipelined run over those of the one-thread eager
+loop: the runtime's overhead (threads, queues, split autograd), independent of the machine's
+load, unlike the wall-clock ratios.
 
 The ideal pipelined/sharded speedup of ``N`` stages over ``M`` micro-batches is
 ``N*M / (M + N - 1)`` (the fill and drain bubbles); efficiency is measured / ideal. With more
@@ -21,12 +25,16 @@ import argparse
 import copy
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
 
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 from poptorch_sim.profiling.trace import TraceRecorder
 from poptorch_sim.program import StagedProgram, StageSpec
 from poptorch_sim.runtime import PipelineRuntime
@@ -65,69 +73,88 @@ def batches(count: int, mb: int, width: int) -> list[dict[str, torch.Tensor]]:
     return [{"x": torch.randn(mb, width), "y": torch.randn(mb, width)} for _ in range(count)]
 
 
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def interleaved_medians(
+    runners: dict[str, Callable[[], object]], repeats: int
+) -> dict[str, float]:
+    """Median wall seconds of each runner (and ``cpu_<name>``: median process CPU seconds),
+    timed in rotation so that changes in the machine's load hit all runners alike."""
+    for run in runners.values():
+        run()  # warm-up
+    times: dict[str, list[float]] = {key: [] for name in runners for key in (name, f"cpu_{name}")}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, run in runners.items():
+            start, cpu = time.perf_counter(), time.process_time()
+            run()
+            times[name].append(time.perf_counter() - start)
+            times[f"cpu_{name}"].append(time.process_time() - cpu)
+    return {key: statistics.median(t) for key, t in times.items()}
 
 
-def time_runtime(program: StagedProgram, data: list, repeats: int) -> float:  # type: ignore[type-arg]
-    with PipelineRuntime(
-        program, training=True, devices=dict.fromkeys(range(8), CPU), threads_per_ipu=1
-    ) as runtime:
-        return median_time(lambda: runtime.run(data, loss_scale=1 / len(data)), repeats)
+def runtime_runner(program: StagedProgram, data: list, stack: ExitStack) -> Callable[[], object]:  # type: ignore[type-arg]
+    devices = dict.fromkeys(range(len(program.stages)), CPU)
+    runtime = stack.enter_context(
+        PipelineRuntime(program, training=True, devices=devices, threads_per_ipu=1)
+    )
+    return lambda: runtime.run(data, loss_scale=1 / len(data))
 
 
-def time_plain(program: StagedProgram, data: list, repeats: int) -> float:  # type: ignore[type-arg]
+def plain_runner(program: StagedProgram, data: list, threads: int) -> Callable[[], object]:  # type: ignore[type-arg]
+    """The whole model eagerly on the main thread with ``threads`` intra-op threads."""
     model = nn.ModuleList(copy.deepcopy(s.module) for s in program.stages)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
 
     def run() -> None:
-        for values in data:
-            h = values["x"]
-            for stage in model[:-1]:
-                (h,) = stage(h)
-            (loss,) = model[-1](h, values["y"])
-            (loss / len(data)).backward()
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            for values in data:
+                h = values["x"]
+                for stage in model[:-1]:
+                    (h,) = stage(h)
+                (loss,) = model[-1](h, values["y"])
+                (loss / len(data)).backward()
+        finally:
+            torch.set_num_threads(previous)
 
-    try:
-        return median_time(run, repeats)
-    finally:
-        torch.set_num_threads(previous)
+    return run
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, float]]:
-    rows = []
+    rows, cores = [], os.cpu_count() or 1
     for n in args.stages:
         for m in args.microbatches:
             data = batches(m, args.mb, args.width)
-            piped = time_runtime(build(n, args.width, args.layers, False), data, args.repeats)
-            shard = time_runtime(build(n, args.width, args.layers, True), data, args.repeats)
-            plain = time_plain(build(n, args.width, args.layers, False), data, args.repeats)
-            ideal = n * m / (m + n - 1)
-            rows.append(dict(n=n, m=m, piped=piped, shard=shard, plain=plain, ideal=ideal))
-            print_row(rows[-1], args.mb)
+            with ExitStack() as stack:
+                runners = {
+                    "piped": runtime_runner(build(n, args.width, args.layers, False), data, stack),
+                    "shard": runtime_runner(build(n, args.width, args.layers, True), data, stack),
+                    "plain": plain_runner(build(n, args.width, args.layers, False), data, cores),
+                    "plain1": plain_runner(build(n, args.width, args.layers, False), data, 1),
+                }
+                row: dict[str, float] = dict(interleaved_medians(runners, args.repeats))
+            row |= dict(n=n, m=m, ideal=n * m / (m + n - 1))
+            rows.append(row)
+            print_row(row, args.mb)
     return rows
 
 
 HEADER = (
-    f"{'N':>2} {'M':>3} {'pipelined ms':>13} {'sharded ms':>11} {'plain ms':>9} "
-    f"{'pipe/shard':>10} {'ideal':>6} {'effic.':>7} {'pipe/plain':>10} {'samples/s':>10}"
+    f"{'N':>2} {'M':>3} {'pipelined':>9} {'sharded':>8} {'plain':>8} {'plain-1t':>8}  "
+    f"{'pipe/shard':>10} {'ideal':>6} {'effic.':>6} {'pipe/plain':>10} {'pipe/plain-1t':>13} "
+    f"{'cpu pipe/plain-1t':>17}"
 )
 
 
 def print_row(row: dict[str, float], mb: int) -> None:
+    """Times in ms (medians); ratios are throughput ratios (time of the other / pipelined)."""
     speedup = row["shard"] / row["piped"]
+    times = " ".join(
+        f"{row[k] * 1e3:{w}.1f}"
+        for k, w in (("piped", 9), ("shard", 8), ("plain", 8), ("plain1", 8))
+    )
     print(
-        f"{row['n']:>2.0f} {row['m']:>3.0f} {row['piped'] * 1e3:13.1f} {row['shard'] * 1e3:11.1f} "
-        f"{row['plain'] * 1e3:9.1f} {speedup:9.2f}x {row['ideal']:5.2f}x "
+        f"{row['n']:>2.0f} {row['m']:>3.0f} {times}  {speedup:9.2f}x {row['ideal']:5.2f}x "
         f"{speedup / row['ideal']:6.0%} {row['plain'] / row['piped']:9.2f}x "
-        f"{row['m'] * mb / row['piped']:10.0f}",
+        f"{row['plain1'] / row['piped']:12.2f}x {row['cpu_piped'] / row['cpu_plain1']:16.2f}x",
         flush=True,
     )
 
@@ -143,6 +170,7 @@ def write_trace(args: argparse.Namespace) -> None:
         runtime.run(data)
         trace.clear()
         runtime.run(data)
+    print(trace.timeline())
     print(trace.summary())
     trace.write(args.trace)
 
@@ -153,14 +181,15 @@ def main() -> None:
     parser.add_argument("--trace", help="write a Chrome trace of one N=2, M=8 pipelined run")
     args = parser.parse_args()
     quick = args.quick
-    args.width, args.layers, args.mb = (256, 2, 32) if quick else (512, 4, 64)
-    args.repeats = 3 if quick else 7
+    args.width, args.layers, args.mb = (256, 2, 32) if quick else (512, 2, 64)
+    args.repeats = 3 if quick else 5
     args.stages = [2] if quick else [2, 4]
     args.microbatches = [4, 8] if quick else [4, 8, 32]
     print(
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, main intra-op threads "
         f"{torch.get_num_threads()}; stage = {args.layers} x Linear({args.width}) + ReLU, "
-        f"mb = {args.mb}, median of {args.repeats} runs (fwd + bwd of M micro-batches)"
+        f"mb = {args.mb}; median ms of {args.repeats} runs (fwd + bwd of M micro-batches); "
+        f"plain = eager on {os.cpu_count()} intra-op threads, plain-1t = eager on one"
     )
     print(HEADER)
     measure(args)

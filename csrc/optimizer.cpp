@@ -16,6 +16,10 @@
 #include <cmath>
 #include <cstring>
 
+// Only the explicit fmaf calls fuse (where ATen's vectorised kernels fuse); every other a*b+c
+// rounds twice, as torch's separate ops do.
+#pragma GCC optimize("fp-contract=off")
+
 namespace poptorch_sim {
 namespace optim {
 namespace {

@@ -91,6 +91,7 @@ void topk_row(
     select_best<Codec>(in, split_point(n, tiles, tile), split_point(n, tiles, tile + 1), k,
                        padded, flip, runs[tile]);
   }, n);
+  scope.add_compare_exchanges(n);
   const int64_t log_padded = std::max<int64_t>(1, static_cast<int64_t>(std::log2(padded)));
   for (int64_t stride = 1; stride < tiles; stride *= 2) {
     const int64_t pairs = (tiles + 2 * stride - 1) / (2 * stride);

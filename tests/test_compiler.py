@@ -209,6 +209,12 @@ def test_tutorial_network_training_matches_eager():
         (3, ("B4",)),
     ]
     assert program.loss_name in program.stages[3].outputs
+    loss_node = next(n for n in program.stages[3].module.graph.nodes if n.name == "loss")
+    assert (loss_node.meta["block"], loss_node.meta["stage"], loss_node.meta["ipu"]) == (
+        "B4",
+        3,
+        3,
+    )
     assert program.meta["loss_stage"] == 3
     assert program.meta["forward_stages"] == 4 and program.meta["pipeline_stages"] == 7
     assert program.input_names == ("args", "labels")
@@ -508,6 +514,30 @@ def test_op_after_a_closed_block():
         Error, match="No active Block, all the ops must belong to a Block.*x \\* 2"
     ):
         compile_program(Missing(), _options(), (torch.ones(1),), {}, False)
+
+
+def test_nested_block_exit_leaves_no_active_block_but_start_has_no_end():
+    class Nested(nn.Module):
+        def __init__(self, use_start: bool) -> None:
+            super().__init__()
+            self.use_start = use_start
+
+        def forward(self, x):
+            if self.use_start:
+                Block.start("A", ipu_id=0)
+                x = x + 1
+                Block.start("B", ipu_id=1)
+                return x * 3
+            with Block("A", ipu_id=0):
+                with Block("B", ipu_id=1):
+                    x = x + 1
+                return x * 3
+
+    x = torch.ones(2)
+    with pytest.raises(Error, match="No active Block.*after block 'B' ended.*return x \\* 3"):
+        compile_program(Nested(False), _options(di=2), (x,), {}, False)
+    program = compile_program(Nested(True), _options(di=2), (x,), {}, False)
+    assert [(s.ipu, s.blocks) for s in program.stages] == [(0, ("A",)), (1, ("B",))]
 
 
 def test_data_dependent_control_flow_is_a_clear_error():

@@ -518,7 +518,9 @@ def test_trace_shows_stages_running_concurrently(tmp_path) -> None:  # type: ign
     trace = TraceRecorder()
     with PipelineRuntime(sleepy_program(), training=True, devices=CPU, trace=trace) as rt:
         rt.run(micro_batches(6))
-    assert overlapping(trace.events, 0, 1), "no two actions of IPU 0 and IPU 1 overlapped"
+    timeline = trace.timeline()
+    assert overlapping(trace.events, 0, 1), f"IPU 0 and IPU 1 never overlapped:\n{timeline}"
+    assert [row[:6] for row in timeline.splitlines()] == ["IPU 0 ", "IPU 1 ", "IPU 2 "]
     names = {e.name for e in trace.events}
     assert {"0F5", "1B5", "2STEP", "1RECV_F0", "0SEND_F0"} <= names
     path = trace.write(tmp_path / "trace.json")

@@ -24,9 +24,11 @@ from ..ops.blocks import uses_begin_block
 from ..options.strategies import PipelinedExecution, _IExecutionStrategy
 from ..program import StagedProgram
 from .loss import MANY_LOSSES, NO_LOSS, find_final_loss
-from .partition import NO_ACTIVE_BLOCK, Partition, partition
+from .partition import NO_ACTIVE_BLOCK, Partition
+from .partition import partition as assign_stages
 from .signature import flatten_inputs
-from .split import output_layout, split
+from .split import output_layout
+from .split import split as split_stages
 from .tracer import Trace, TraceFailure, entries_seen, trace_model
 from .values import non_tensor_values
 from .verify import check_ipu_count, check_phases, check_pipeline_depth, pipeline_stages
@@ -96,7 +98,7 @@ def compile_program(
     """
     strategy = _strategy(options)
     trace = trace_model(model, tuple(example_inputs), dict(example_kwargs))
-    part = partition(trace, strategy)
+    part = assign_stages(trace, strategy)
     check_phases(strategy, part.placements)
     if strategy.mode == "pipelined":
         check_pipeline_depth(part.forward_stages, options, training)
@@ -105,7 +107,7 @@ def compile_program(
     layout = output_layout(trace)
     required = layout.nodes + ([loss] if loss is not None else [])
     traced = trace.graph_module()
-    stages = split(part, trace, required)
+    stages = split_stages(part, trace, required)
     program = StagedProgram(
         stages=stages,
         input_names=trace.input_names,

@@ -10,16 +10,11 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..errors import Error
-from ..ops.loss import is_loss_callable
+from ..ops.loss import MANY_LOSSES, NO_LOSS, is_loss_callable
 from .tracer import Trace
 
 __all__ = ["find_final_loss", "NO_LOSS", "MANY_LOSSES"]
 
-NO_LOSS = "Couldn't find a loss in graph!"
-MANY_LOSSES = (
-    "Multiple independent losses found in graph. Graph must have one final loss. Wrap final "
-    "graph loss in poptorch.identity_loss."
-)
 
 
 def _is_loss(node: fx.Node, trace: Trace) -> bool:

@@ -8,6 +8,7 @@
 Ops are grouped by (stage or phase, IPU); groups run in order of stage (phase), then of their
 first op. A value may skip stages but must never flow backwards. Consecutive groups on the same
 IPU are merged, as PopTorch merges them ("every time the IPU changes there is a new stage").
+Each op's ``node.meta`` gets ``block`` (id, None before the first block), ``stage`` and ``ipu``.
 """
 
 from __future__ import annotations
@@ -77,10 +78,16 @@ def _order(placement: Placement, phased: bool) -> int:
     return placement.phase if phased else placement.stage
 
 
-def _group(trace: Trace, placements: list[Placement], phased: bool):
-    groups: dict[tuple[int, int], StagePlan] = {}
-    first: dict[tuple[int, int], int] = {}
-    key_of: dict[fx.Node, tuple[int, int]] = {}
+_Key = tuple[int, int]  # (stage or phase, IPU)
+
+
+def _group(
+    trace: Trace, placements: list[Placement], phased: bool
+) -> tuple[list[StagePlan], dict[_Key, int], dict[fx.Node, int]]:
+    """Ops grouped by key, groups in pipeline order; the index of each key and op."""
+    groups: dict[_Key, StagePlan] = {}
+    first: dict[_Key, int] = {}
+    key_of: dict[fx.Node, _Key] = {}
     for position, node in enumerate(trace.graph.nodes):
         if node.op not in OP_KINDS:
             continue
@@ -94,7 +101,8 @@ def _group(trace: Trace, placements: list[Placement], phased: bool):
     if not groups:  # a model without ops still has one (empty) stage
         groups[(0, 0)], first[(0, 0)] = StagePlan(ipu=0), 0
     order = sorted(groups, key=lambda k: (k[0], first[k]))
-    return [groups[k] for k in order], order, key_of
+    index = {key: i for i, key in enumerate(order)}
+    return [groups[k] for k in order], index, {n: index[k] for n, k in key_of.items()}
 
 
 def _check_direction(plans: list[StagePlan], index_of: dict[fx.Node, int], trace: Trace) -> None:
@@ -133,6 +141,15 @@ def _forward_stages(placements: list[Placement]) -> int:
     return switches + 1
 
 
+def _stamp(trace: Trace, stages: list[StagePlan], stage_of: dict[fx.Node, int]) -> None:
+    """Record each op's block, stage and IPU in ``node.meta`` (for messages and tools)."""
+    for node, index in stage_of.items():
+        entry = node.meta.get("block_entry")
+        node.meta["block"] = None if entry is None else trace.entries[entry].block_id
+        node.meta["stage"] = index
+        node.meta["ipu"] = stages[index].ipu
+
+
 def partition(trace: Trace, strategy: _IExecutionStrategy) -> Partition:
     """Assign every op of ``trace`` to a stage.
 
@@ -145,15 +162,15 @@ def partition(trace: Trace, strategy: _IExecutionStrategy) -> Partition:
     placer = strategy.placer()
     placements = [placer.place(e.block_id, e.ipu_id) for e in trace.entries]
     phased = strategy.mode == "phased"
-    plans, keys, key_of = _group(trace, placements, phased)
-    index_of = {node: keys.index(key) for node, key in key_of.items()}
+    plans, index_of_key, index_of = _group(trace, placements, phased)
     _check_direction(plans, index_of, trace)
     stages, new_index = _merge_same_ipu(plans)
     stage_of = {node: new_index[i] for node, i in index_of.items()}
+    _stamp(trace, stages, stage_of)
     entry_stage: list[int | None] = []
     for entry, placement in zip(trace.entries, placements):
         key = (_order(placement, phased), placement.ipu)
-        stage = new_index[keys.index(key)] if key in keys else None
+        stage = new_index[index_of_key[key]] if key in index_of_key else None
         entry_stage.append(stage)
         if stage is not None and entry.block_id not in stages[stage].blocks:
             stages[stage].blocks.append(entry.block_id)

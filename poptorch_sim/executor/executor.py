@@ -98,7 +98,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
         bound = bound.map_tensors(_to_device_dtype)
         opts = self._options
         collector = OutputCollector(
-            OutputMode(opts.output_mode), opts.output_return_period, exe.layout, self._training
+            OutputMode(opts.output_mode), opts.output_return_period, exe.layout
         )
         trainer = exe.trainer
         self._last_run["input"] = time.perf_counter()

@@ -15,14 +15,10 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import Error
 from ..ops import loss as loss_ops
+from ..ops.loss import MANY_LOSSES, NO_LOSS
 
 __all__ = ["LossRecorder", "final_loss", "NO_LOSS", "MANY_LOSSES"]
 
-NO_LOSS = "Couldn't find a loss in graph!"
-MANY_LOSSES = (
-    "Multiple independent losses found in graph. Graph must have one final loss. Wrap final "
-    "graph loss in poptorch.identity_loss."
-)
 
 
 class LossRecorder(TorchFunctionMode):

@@ -52,7 +52,7 @@ def block_backward(t: torch.Tensor) -> torch.Tensor:
 class OutputCollector:
     """Keeps the micro-batch outputs an ``OutputMode`` needs, then joins them."""
 
-    def __init__(self, mode: OutputMode, period: int, layout: Layout, training: bool) -> None:
+    def __init__(self, mode: OutputMode, period: int, layout: Layout) -> None:
         di = layout.device_iterations
         if mode == OutputMode.EveryN and (period > di or di % period != 0):
             raise Error(
@@ -62,8 +62,7 @@ class OutputCollector:
         self._mode = mode
         self._period = period
         self._layout = layout
-        ga = layout.gradient_accumulation if training else 1
-        self._last = (di - 1, ga - 1)
+        self._last = (di - 1, layout.gradient_accumulation - 1)
         self._kept: list[list[Any]] = []
         self._sums: list[list[torch.Tensor]] | None = None
 

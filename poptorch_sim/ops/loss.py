@@ -8,7 +8,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["identity_loss", "LOSS_FUNCTIONS", "LOSS_MODULES", "is_loss_callable"]
+__all__ = [
+    "identity_loss",
+    "LOSS_FUNCTIONS",
+    "LOSS_MODULES",
+    "is_loss_callable",
+    "NO_LOSS",
+    "MANY_LOSSES",
+]
+
+# PopTorch's two loss errors, raised by both the eager and the staged paths.
+NO_LOSS = "Couldn't find a loss in graph!"
+MANY_LOSSES = (
+    "Multiple independent losses found in graph. Graph must have one final loss. Wrap final "
+    "graph loss in poptorch.identity_loss."
+)
 
 _REDUCTIONS = ("sum", "mean", "none")
 

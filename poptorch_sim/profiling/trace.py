@@ -22,6 +22,7 @@ __all__ = ["TraceEvent", "TraceRecorder"]
 
 _PID = 0
 _CATEGORIES = ("fwd", "bwd", "step", "send", "recv")
+_MARKS = {"fwd": "F", "bwd": "B", "step": "S"}
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,29 @@ class TraceRecorder:
             if e.stage is not None:
                 totals[e.stage][e.category] = totals[e.stage].get(e.category, 0.0) + e.dur_us / 1e3
         return dict(sorted(totals.items()))
+
+    def timeline(self, width: int = 80) -> str:
+        """An ASCII Gantt chart: one row per IPU, ``F``/``B``/``S`` where fwd/bwd/step ran.
+
+        >>> rec, t = TraceRecorder(), 0
+        >>> rec.record(0, "0F0", "fwd", t, t + 2000, stage=0, mb=0)
+        >>> rec.record(1, "1F0", "fwd", t + 1000, t + 3000, stage=1, mb=0)
+        >>> print(rec.timeline(width=6))
+        IPU 0 |FFFF..|
+        IPU 1 |..FFFF|
+        """
+        events = [e for e in self.events if e.category in _MARKS]
+        if not events:
+            return ""
+        start = min(e.start_us for e in events)
+        span = max(e.end_us for e in events) - start or 1.0
+        rows = {ipu: ["."] * width for ipu in sorted({e.ipu for e in events})}
+        for e in events:
+            first = int((e.start_us - start) / span * width)
+            last = max(first + 1, round((e.end_us - start) / span * width))
+            for col in range(first, min(last, width)):
+                rows[e.ipu][col] = _MARKS[e.category]
+        return "\n".join(f"IPU {ipu} |{''.join(cells)}|" for ipu, cells in rows.items())
 
     def summary(self) -> str:
         """A per-stage time table (ms) with each stage's compute share, so imbalance shows.
