@@ -12,6 +12,10 @@ One *run* is forward+backward of ``M`` micro-batches of ``mb`` rows (gradient ac
 loop: the runtime's overhead (threads, queues, split autograd), independent of the machine's
 load, unlike the wall-clock ratios.
 
+A second table repeats pipelined vs sharded with stages that *wait* (sleep) for their fwd and
+bwd instead of computing, as a kernel on an accelerator would: it measures the schedule and the
+runtime's own overhead even on a machine whose cores are busy with other work.
+
 The ideal pipelined/sharded speedup of ``N`` stages over ``M`` micro-batches is
 ``N*M / (M + N - 1)`` (the fill and drain bubbles); efficiency is measured / ideal. With more
 stages than cores (``N=4`` on two cores) the workers share cores and the ideal is out of reach.
@@ -26,10 +30,12 @@ import copy
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,20 +58,56 @@ class DenseStack(nn.Module):
         )
         self.loss = loss
 
+    def after_body(self, h: torch.Tensor) -> torch.Tensor:
+        return h
+
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        h = self.body(args[0])
+        h = self.after_body(self.body(args[0]))
         if self.loss:
             return (nn.functional.mse_loss(h, args[1]),)
         return (h,)
 
 
-def build(num_stages: int, width: int, layers: int, sharded: bool) -> StagedProgram:
+class _Wait(torch.autograd.Function):
+    """Identity that sleeps ``fwd_s`` in forward and ``2 * fwd_s`` in backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, fwd_s: float) -> torch.Tensor:
+        ctx.fwd_s = fwd_s
+        time.sleep(fwd_s)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        time.sleep(2 * ctx.fwd_s)
+        return grad, None
+
+
+class WaitStage(DenseStack):
+    """A stage whose time is spent waiting, as for a kernel on an accelerator: it measures the
+    schedule and the runtime's overhead without needing free CPU cores."""
+
+    def __init__(self, width: int, layers: int, loss: bool, fwd_s: float) -> None:
+        super().__init__(width, layers, loss)
+        self.fwd_s = fwd_s
+
+    def after_body(self, h: torch.Tensor) -> torch.Tensor:
+        return _Wait.apply(h, self.fwd_s)
+
+
+def build(
+    num_stages: int, width: int, layers: int, sharded: bool, wait_s: float = 0.0
+) -> StagedProgram:
     stages = []
     for s in range(num_stages):
         last = s == num_stages - 1
         inputs = ("x" if s == 0 else f"h{s}",) + (("y",) if last else ())
         outputs = ("loss",) if last else (f"h{s + 1}",)
-        stages.append(StageSpec(s, s, DenseStack(width, layers, last), inputs, outputs))
+        if wait_s:
+            module: nn.Module = WaitStage(width, layers, last, wait_s)
+        else:
+            module = DenseStack(width, layers, last)
+        stages.append(StageSpec(s, s, module, inputs, outputs))
     return StagedProgram(stages, ("x", "y"), ("loss",), loss_name="loss", sharded=sharded)
 
 
@@ -159,6 +201,52 @@ def print_row(row: dict[str, float], mb: int) -> None:
     )
 
 
+def measure_waiting(args: argparse.Namespace) -> None:
+    """Pipelined vs sharded with stages that wait (sleep) instead of computing."""
+    print(f"\nstages that wait {args.wait_ms} ms per fwd, {2 * args.wait_ms} ms per bwd "
+          "(tiny compute): the schedule alone")  # fmt: skip
+    print(f"{'N':>2} {'M':>3} {'pipelined':>9} {'sharded':>8}  {'pipe/shard':>10} {'ideal':>6} "
+          f"{'effic.':>6}")  # fmt: skip
+    for n in args.stages_wait:
+        for m in args.microbatches:
+            data = batches(m, 4, 16)
+            with ExitStack() as stack:
+                runners = {
+                    key: runtime_runner(
+                        build(n, 16, 1, key == "shard", args.wait_ms / 1e3), data, stack
+                    )  # fmt: skip
+                    for key in ("piped", "shard")
+                }
+                row = interleaved_medians(runners, args.repeats)
+            speedup, ideal = row["shard"] / row["piped"], n * m / (m + n - 1)
+            print(f"{n:>2} {m:>3} {row['piped'] * 1e3:9.1f} {row['shard'] * 1e3:8.1f}  "
+                  f"{speedup:9.2f}x {ideal:5.2f}x {speedup / ideal:6.0%}", flush=True)  # fmt: skip
+
+
+def parallel_ceiling(threads: int = 2, matmuls: int = 40) -> float:
+    """How much faster ``threads`` threads (one intra-op thread each) get through independent
+    512x512 matmuls than one thread, right now: the best any pipeline can do on this machine."""
+
+    def work(count: int) -> None:
+        torch.get_num_threads()
+        torch.set_num_threads(1)
+        y = torch.randn(512, 512)
+        for _ in range(count):
+            y @ y
+
+    def together() -> None:
+        pool = [threading.Thread(target=work, args=(matmuls,)) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+
+    previous = torch.get_num_threads()
+    alone = interleaved_medians({"one": lambda: work(matmuls * threads), "all": together}, 3)
+    torch.set_num_threads(previous)
+    return alone["one"] / alone["all"]
+
+
 def write_trace(args: argparse.Namespace) -> None:
     """One pipelined run (N=2, M=8) recorded as a Chrome trace, with the per-stage summary."""
     trace = TraceRecorder()
@@ -185,14 +273,19 @@ def main() -> None:
     args.repeats = 3 if quick else 5
     args.stages = [2] if quick else [2, 4]
     args.microbatches = [4, 8] if quick else [4, 8, 32]
+    args.stages_wait = [2, 4]
+    args.wait_ms = 1 if quick else 2
     print(
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, main intra-op threads "
         f"{torch.get_num_threads()}; stage = {args.layers} x Linear({args.width}) + ReLU, "
         f"mb = {args.mb}; median ms of {args.repeats} runs (fwd + bwd of M micro-batches); "
         f"plain = eager on {os.cpu_count()} intra-op threads, plain-1t = eager on one"
     )
+    print(f"parallel ceiling now: 2 threads of matmuls run {parallel_ceiling():.2f}x one thread")
     print(HEADER)
     measure(args)
+    print(f"parallel ceiling now: 2 threads of matmuls run {parallel_ceiling():.2f}x one thread")
+    measure_waiting(args)
     if args.trace:
         write_trace(args)
 

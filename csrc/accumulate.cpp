@@ -3,7 +3,8 @@
 // The runtime accumulates each micro-batch's gradients into per-parameter accumulators whose
 // dtype is the optimizer's `accum_type` (float32 or float16). Mean/Sum reduction over
 // accumulation steps and replicas is expressed by `scale` (1/(GA*R) or 1). Arithmetic is in
-// float32 and rounded once into the accumulator, as `accum.add_(grad, alpha=scale)` does.
+// float32 and rounded once into the accumulator. The op returns nothing (a returned alias of
+// `accum` would keep torch.compile from functionalising it); the Python wrapper returns accum.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -11,6 +12,7 @@
 #include <algorithm>
 
 #include "optimizer.h"
+#include "tile_engine.h"
 
 namespace poptorch_sim {
 namespace accumulate {
@@ -87,6 +89,9 @@ void check_pair(const at::Tensor& accum, const at::Tensor& grad, const std::stri
 void accumulate_into(at::Tensor& accum, const at::Tensor& grad_in, double scale) {
   const at::Tensor grad = grad_in.contiguous();
   const int64_t n = accum.numel();
+  engine::KernelScope scope("accumulate_");
+  scope.add_supersteps(1);
+  scope.add_flops(2 * n);
   const float s = static_cast<float>(scale);
   const bool avx2 = optim::use_avx2();
   const int64_t tiles = (n + kTile - 1) / kTile;
@@ -107,10 +112,9 @@ void accumulate_into(at::Tensor& accum, const at::Tensor& grad_in, double scale)
   });
 }
 
-at::Tensor& accumulate_(at::Tensor& accum, const at::Tensor& grad, double scale) {
+void accumulate_(at::Tensor& accum, const at::Tensor& grad, double scale) {
   check_pair(accum, grad, "");
   accumulate_into(accum, grad, scale);
-  return accum;
 }
 
 void accumulate_many_(at::TensorList accums, at::TensorList grads, double scale) {
@@ -131,7 +135,7 @@ void accumulate_many_(at::TensorList accums, at::TensorList grads, double scale)
 }  // namespace poptorch_sim
 
 TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
-  m.def("accumulate_(Tensor(a!) accum, Tensor grad, float scale) -> Tensor(a!)");
+  m.def("accumulate_(Tensor(a!) accum, Tensor grad, float scale) -> ()");
   m.def("accumulate_many_(Tensor(a!)[] accums, Tensor[] grads, float scale) -> ()");
 }
 

@@ -12,9 +12,11 @@
 // Chunks are whole tiles (see [Note: optimizer tiles]), so every element meets exactly the
 // arithmetic it meets on-chip and the results are bit-identical. The counters below let the
 // profiler show the streaming: chunks streamed and bytes each way.
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 
 #include "optimizer.h"
@@ -63,14 +65,18 @@ void narrow(void* base, at::ScalarType dt, int64_t offset, int64_t len, const fl
   }
 }
 
-// Staging buffers of the calling thread, grown on demand and reused across calls.
-std::vector<char>& staging_buffer(size_t slot, size_t bytes) {
+// Staging buffer `slot` of the calling thread, grown on demand and reused across calls. Its
+// start is 64-byte aligned like a tensor's data, so each tile meets the same vector code
+// (no different alignment peeling) whether its state is on-chip or staged.
+char* staging_buffer(size_t slot, size_t bytes) {
+  constexpr size_t kAlign = 64;
   thread_local std::vector<std::vector<char>> buffers(kMaxStates);
   auto& buf = buffers[slot];
-  if (buf.size() < bytes) {
-    buf.resize(bytes);
+  if (buf.size() < bytes + kAlign) {
+    buf.resize(bytes + kAlign);
   }
-  return buf;
+  const auto address = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + (kAlign - address % kAlign) % kAlign;
 }
 
 }  // namespace
@@ -133,7 +139,7 @@ void for_each_tile(
     int64_t bytes = 0;
     for (size_t s = 0; s < ns; ++s) {
       const int64_t elsize = static_cast<int64_t>(ops.states[s].element_size());
-      staging[s] = staging_buffer(s, chunk_elements * elsize).data();
+      staging[s] = staging_buffer(s, chunk_elements * elsize);
       std::memcpy(staging[s], static_cast<char*>(host[s]) + lo * elsize, len * elsize);
       bytes += len * elsize;
     }

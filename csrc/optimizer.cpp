@@ -6,6 +6,7 @@
 // `p.grad /= loss_scaling; clip_grad_norm_(...); opt.step()` would; the element formulas and
 // their operation order follow torch/optim/*.py (`foreach=False`). See [Note: optimizer tiles].
 #include "optimizer.h"
+#include "tile_engine.h"
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -15,10 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-
-// Only the explicit fmaf calls fuse (where ATen's vectorised kernels fuse); every other a*b+c
-// rounds twice, as torch's separate ops do.
-#pragma GCC optimize("fp-contract=off")
 
 namespace poptorch_sim {
 namespace optim {
@@ -216,7 +213,20 @@ struct LambHyper {
   float alpha;            // -lr * trust ratio (pass 2 only)
   bool update_moments;    // pass 1: update m, v; pass 2: read them
   float* r_out;           // pass 1: the tile's update vector r, for its norm
+  at::ScalarType m_dtype, s_dtype;  // storage dtypes of m and v
 };
+
+// `x` rounded to storage dtype `dt` and widened back: pass 1 must see the moments exactly as
+// pass 2 will read them from float16/bfloat16 storage, or the trust ratio would not fit r.
+POPSIM_INLINE float stored(float x, at::ScalarType dt) {
+  if (dt == at::kHalf) {
+    return static_cast<float>(static_cast<at::Half>(x));
+  }
+  if (dt == at::kBFloat16) {
+    return static_cast<float>(static_cast<at::BFloat16>(x));
+  }
+  return x;
+}
 
 template <class Sqrt>
 POPSIM_INLINE void lamb_tile_body(const LambHyper h, const TileView v) {
@@ -229,9 +239,9 @@ POPSIM_INLINE void lamb_tile_body(const LambHyper h, const TileView v) {
     if (h.update_moments) {
       const float g = prep(h.gp, v.grad[i]);
       float mi = m[i] * h.beta1;
-      m[i] = add_alpha(mi, g, h.one_minus_beta1);
+      m[i] = stored(add_alpha(mi, g, h.one_minus_beta1), h.m_dtype);
       si = si * h.beta2;
-      si = si + h.one_minus_beta2 * g * g;
+      si = stored(si + h.one_minus_beta2 * g * g, h.s_dtype);
       s[i] = si;
     }
     root[i] = si;
@@ -345,6 +355,19 @@ GradPrep grad_prep(double loss_scaling, double clip_coef, bool maximize) {
   return {static_cast<float>(loss_scaling), static_cast<float>(clip_coef), maximize};
 }
 
+// Publishes one update to the tile engine's counters: one superstep per parameter and about
+// `flops_per_element` arithmetic operations per element.
+void count_update(const char* kernel, const std::vector<ParamOperands>& all,
+                  int64_t flops_per_element) {
+  engine::KernelScope scope(kernel);
+  int64_t elements = 0;
+  for (const auto& ops : all) {
+    elements += ops.param.numel();
+  }
+  scope.add_supersteps(static_cast<int64_t>(all.size()));
+  scope.add_flops(elements * flops_per_element);
+}
+
 // ---------------------------------------------------------------- ops
 
 void sgd_step(
@@ -364,6 +387,7 @@ void sgd_step(
     states.emplace_back("momentum_buffers", momentum_buffers);
   }
   const auto all = gather(params, grads, states);
+  count_update("sgd_step_", all, 8);
   SgdHyper h{grad_prep(loss_scaling, clip_coef, maximize),
              static_cast<float>(-lr),
              static_cast<float>(momentum),
@@ -392,6 +416,7 @@ void adam_step(
   const auto all =
       gather(params, grads, {{"exp_avgs", exp_avgs}, {"exp_avg_sqs", exp_avg_sqs}});
   check_steps(steps, all.size());
+  count_update("adam_step_", all, 16);
   for (size_t i = 0; i < all.size(); ++i) {
     const double bc1 = bias_correction ? 1.0 - std::pow(beta1, steps[i]) : 1.0;
     const double bc2 = bias_correction ? 1.0 - std::pow(beta2, steps[i]) : 1.0;
@@ -441,6 +466,7 @@ void rmsprop_step(
     states.emplace_back("grad_avgs", grad_avgs);
   }
   const auto all = gather(params, grads, states);
+  count_update("rmsprop_step_", all, 14);
   for (const auto& ops : all) {
     for_each_tile(ops, chunk_elements, true, [&](const TileView& v) { rmsprop_tile(h, v); });
   }
@@ -477,6 +503,7 @@ void lamb_step(
   const auto all =
       gather(params, grads, {{"exp_avgs", exp_avgs}, {"exp_avg_sqs", exp_avg_sqs}});
   check_steps(steps, all.size());
+  count_update("lamb_step_", all, 24);
   for (size_t i = 0; i < all.size(); ++i) {
     const double bc1 = bias_correction ? 1.0 - std::pow(beta1, steps[i]) : 1.0;
     const double bc2 = bias_correction ? 1.0 - std::pow(beta2, steps[i]) : 1.0;
@@ -491,7 +518,9 @@ void lamb_step(
                 static_cast<float>(weight_decay),
                 0.0f,
                 true,
-                nullptr};
+                nullptr,
+                exp_avgs[i].scalar_type(),
+                exp_avg_sqs[i].scalar_type()};
     const auto norms = lamb_moments(all[i], h, chunk_elements);
     const float w_norm = std::min(static_cast<float>(std::sqrt(norms.first)),
                                   static_cast<float>(max_weight_norm));

@@ -9,8 +9,10 @@
 // the pointer alignment, or on how off-chip state is chunked (chunks are whole tiles).
 //
 // The element loops are plain C++ compiled twice: once for the baseline ISA and once with
-// __attribute__((target("avx2"))), picked at run time. Neither variant uses FMA, so both round
-// every operation the same way and give bit-identical results.
+// __attribute__((target("avx2,fma"))), picked at run time (one variant per machine). Where
+// ATen's vectorised kernels fuse a multiply-add (`add(x, y, alpha)`, `lerp`) the loops call
+// fmaf explicitly, so the numbers follow torch.optim's closely; a variant is deterministic
+// per element, independent of the element's position in a tile or chunk.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -4,8 +4,7 @@
 // An IPU runs a program as a sequence of supersteps. In each superstep every tile computes on
 // its own memory, then all tiles synchronise and exchange data. Kernels here are written the
 // same way: work is split over `num_tiles()` simulated tiles, a superstep runs one compute
-// function per tile on the host thread pool (at::parallel_for, so torch.set_num_threads is
-// honoured), and the kernel records what a profiler wants to know about it:
+// function per tile on the engine's host threads (as many as torch.get_num_threads()), and the kernel records what a profiler wants to know about it:
 //
 //   counter            meaning
 //   calls              kernel invocations
@@ -22,10 +21,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
-#include <ATen/Parallel.h>
 
 namespace poptorch_sim {
 namespace engine {
@@ -55,6 +54,10 @@ void record(const std::string& kernel, const int64_t (&values)[kNumCounterFields
 void counter_table(std::vector<std::string>& names, std::vector<int64_t>& flat);
 // Clears the table.
 void reset_counters();
+
+// Runs compute(tile) for tile in [0, tiles) on the engine's thread pool and the calling thread.
+// See [Note: tile pool] in tile_engine.cpp. Rethrows the first exception a tile raised.
+void run_tiles(int64_t tiles, const std::function<void(int64_t)>& compute);
 
 // Below this much work (elements, roughly) a superstep runs its tiles on the calling thread.
 constexpr int64_t kMinParallelWork = int64_t{1} << 16;
@@ -87,11 +90,7 @@ class KernelScope {
       compute(int64_t{0});
       return;
     }
-    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t tile = begin; tile < end; ++tile) {
-        compute(tile);
-      }
-    });
+    run_tiles(tiles, compute);
   }
 
   void add_compare_exchanges(int64_t n) { compares_.fetch_add(n, std::memory_order_relaxed); }

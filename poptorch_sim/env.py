@@ -54,7 +54,11 @@ def num_ipus() -> int:
 def threads_per_ipu() -> int | None:
     """``POPTORCH_SIM_THREADS_PER_IPU``: intra-op threads of each IPU worker (default: shared)."""
     raw = _get("POPTORCH_SIM_THREADS_PER_IPU")
-    return int(raw) if raw is not None else None
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"POPTORCH_SIM_THREADS_PER_IPU must be a positive integer, got {raw!r}")
+    return int(raw)
 
 
 def default_options_json() -> str | None:

@@ -42,8 +42,10 @@ TORCH_CASES = {
     "adamw": ("adamw", torch.optim.AdamW, dict(lr=0.01)),
     "adamw-wd": ("adamw", torch.optim.AdamW, dict(lr=0.01, weight_decay=0.3)),
     "rmsprop": ("rmsprop", torch.optim.RMSprop, dict(lr=0.01)),
+    # eps=1e-6: with 1e-8, an element whose decayed gradient nearly cancels turns torch's
+    # 1-ulp-off (MKL) square root into a visible difference after a few steps.
     "rmsprop-momentum-wd": ("rmsprop", torch.optim.RMSprop,
-                            dict(lr=0.01, momentum=0.9, weight_decay=0.1)),
+                            dict(lr=0.01, momentum=0.9, weight_decay=0.1, eps=1e-6)),
     "rmsprop-centered": ("rmsprop", torch.optim.RMSprop, dict(lr=0.01, centered=True)),
     "rmsprop-centered-momentum-maximize": ("rmsprop", torch.optim.RMSprop,
                                            dict(lr=0.01, centered=True, momentum=0.5,
@@ -147,19 +149,22 @@ OFFLOAD_CASES = {
     "adamw": ("adamw", dict(lr=0.01, weight_decay=0.1)),
     "rmsprop": ("rmsprop", dict(lr=0.01, momentum=0.9, centered=True)),
     "lamb": ("lamb", dict(lr=0.01)),
+    "lamb-fp16-state": ("lamb", dict(lr=0.01)),
 }
 
 
 @pytest.mark.parametrize("case", OFFLOAD_CASES.values(), ids=OFFLOAD_CASES.keys())
 def test_off_chip_state_is_bit_identical_and_streamed(case):
     kind, hyper = case
+    dtype = torch.float16 if case is OFFLOAD_CASES["lamb-fp16-state"] else torch.float32
     params = _params([(5000,), (1024,), (7, 5)])
     on = [p.clone() for p in params]
     off = [p.clone() for p in params]
-    opt_on = FusedOptimizer(kind, [dict(params=on, **hyper)], loss_scaling=2.0,
-                            max_grad_norm=1.0)  # fmt: skip
-    opt_off = FusedOptimizer(kind, [dict(params=off, **hyper)], loss_scaling=2.0,
-                             max_grad_norm=1.0, off_chip=True, chunk_elements=2048)  # fmt: skip
+    kw = dict(loss_scaling=2.0, max_grad_norm=1.0, first_order_momentum_accum_type=dtype,
+              second_order_momentum_accum_type=dtype)  # fmt: skip
+    opt_on = FusedOptimizer(kind, [dict(params=on, **hyper)], **kw)
+    opt_off = FusedOptimizer(kind, [dict(params=off, **hyper)], off_chip=True,
+                             chunk_elements=2048, **kw)  # fmt: skip
     K.offload_reset_stats()
     for _ in range(3):
         for a, b, g in zip(on, off, _grads(params)):
@@ -176,8 +181,9 @@ def test_off_chip_state_is_bit_identical_and_streamed(case):
     passes = 2 if kind == "lamb" else 1  # LAMB reads the moments again for the update
     assert stats["chunks"] == 3 * chunks_per_step * passes
     state_elems = sum(p.numel() for p in params) * len(opt_off.state[off[0]].keys() - {"step"})
-    assert stats["bytes_to_device"] == 3 * passes * state_elems * 4
-    assert stats["bytes_to_host"] == 3 * state_elems * 4
+    size = torch.finfo(dtype).bits // 8
+    assert stats["bytes_to_device"] == 3 * passes * state_elems * size
+    assert stats["bytes_to_host"] == 3 * state_elems * size
 
 
 @pytest.mark.parametrize("case", [c for c in TORCH_CASES.items() if c[0] in
@@ -215,7 +221,7 @@ def test_set_hyperparameters_changes_lr_like_torch():
     assert fopt.param_groups[0]["lr"] == 0.5
 
 
-@pytest.mark.parametrize("kind", ["adam", "lamb", "sgd"])
+@pytest.mark.parametrize("kind", ["adam", "sgd", "rmsprop"])
 def test_fp16_state_and_grads(kind):
     params = _params()
     mine = [p.clone() for p in params]
@@ -226,10 +232,9 @@ def test_fp16_state_and_grads(kind):
                           second_order_momentum_accum_type=torch.float16)  # fmt: skip
     full = FusedOptimizer(kind, [dict(params=exact, **hyper)])
     for _ in range(3):
-        for a, b, g in zip(mine, exact, _grads(params)):
-            a.grad, b.grad = g.half(), g.half().float()
-        half.step()
-        full.step()
+        grads = [g.half() for g in _grads(params)]
+        half.step(grads)  # float16 accumulators of float32 params, passed explicitly
+        full.step([g.float() for g in grads])
     for a, b in zip(mine, exact):
         assert_close(a, b, atol=2e-3, rtol=2e-3)
         for value in half.state[a].values():
@@ -284,20 +289,53 @@ def _adam_kwargs(**over):
 @pytest.mark.parametrize(
     "args,kwargs,match",
     [
-        (([torch.zeros(4)], [torch.zeros(5)], [torch.zeros(4)], [torch.zeros(4)], [1.0]), {},
-         r"grads\[0\] has shape \[5\] but params\[0\] has shape \[4\]"),
-        (([torch.zeros(4)], [torch.zeros(4, dtype=torch.float64)], [torch.zeros(4)],
-          [torch.zeros(4)], [1.0]), {}, r"grads\[0\] must be float32.*got Double"),
-        (([torch.zeros(4, 2).t()], [torch.zeros(2, 4)], [torch.zeros(2, 4)],
-          [torch.zeros(2, 4)], [1.0]), {}, r"params\[0\] must be contiguous"),
-        (([torch.zeros(4)], [], [torch.zeros(4)], [torch.zeros(4)], [1.0]), {},
-         r"same length, got 1 params and 0 grads"),
-        (([torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], [0.0]), {},
-         r"steps\[0\] must be >= 1"),
-        (([torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], [1.0]),
-         {"chunk_elements": 1000}, r"multiple of 1024, got 1000"),
-        (([torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], [1.0]),
-         {"loss_scaling": 0.0}, r"loss_scaling must be a positive finite number, got 0"),
+        (
+            ([torch.zeros(4)], [torch.zeros(5)], [torch.zeros(4)], [torch.zeros(4)], [1.0]),
+            {},
+            r"grads\[0\] has shape \[5\] but params\[0\] has shape \[4\]",
+        ),
+        (
+            (
+                [torch.zeros(4)],
+                [torch.zeros(4, dtype=torch.float64)],
+                [torch.zeros(4)],
+                [torch.zeros(4)],
+                [1.0],
+            ),
+            {},
+            r"grads\[0\] must be float32.*got Double",
+        ),
+        (
+            (
+                [torch.zeros(4, 2).t()],
+                [torch.zeros(2, 4)],
+                [torch.zeros(2, 4)],
+                [torch.zeros(2, 4)],
+                [1.0],
+            ),
+            {},
+            r"params\[0\] must be contiguous",
+        ),
+        (
+            ([torch.zeros(4)], [], [torch.zeros(4)], [torch.zeros(4)], [1.0]),
+            {},
+            r"same length, got 1 params and 0 grads",
+        ),
+        (
+            ([torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], [0.0]),
+            {},
+            r"steps\[0\] must be >= 1",
+        ),
+        (
+            ([torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], [1.0]),
+            {"chunk_elements": 1000},
+            r"multiple of 1024, got 1000",
+        ),
+        (
+            ([torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], [1.0]),
+            {"loss_scaling": 0.0},
+            r"loss_scaling must be a positive finite number, got 0",
+        ),
     ],
     ids=["shape", "dtype", "non-contiguous", "lengths", "step", "chunk", "loss-scaling"],
 )
@@ -420,3 +458,26 @@ def test_assemble_rejects_bad_period_and_count():
         S.assemble(outs, "everyn", 5, 4, 1, 1)
     with pytest.raises(ValueError, match=r"DI\*GA\*R = 2\*1\*1 = 2 micro-batch outputs, got 4"):
         S.assemble(outs, "all", 1, 2, 1, 1)
+
+
+def test_updates_are_published_to_the_tile_engine_counters():
+    from poptorch_sim import kernels
+
+    kernels.reset_counters()
+    w = torch.randn(5000)
+    w.grad = torch.randn(5000)
+    FusedOptimizer("adamw", [w], off_chip=True, chunk_elements=2048).step()
+    table = kernels.counters()
+    assert table["adam_step_"].calls == 1
+    assert table["optimizer_offload"].supersteps == 3  # ceil(5000 / 2048) chunks
+    assert table["optimizer_offload"].bytes_exchanged == 2 * 2 * 5000 * 4  # 2 states, both ways
+
+
+def test_params_without_grad_are_left_alone():
+    a, b = torch.randn(10), torch.randn(10)
+    a.grad = torch.randn(10)
+    before = b.clone()
+    opt = FusedOptimizer("adam", [a, b])
+    opt.step()
+    assert torch.equal(b, before)
+    assert b not in opt.state and a in opt.state

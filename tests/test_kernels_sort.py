@@ -43,8 +43,15 @@ def _check_against_stable_sort(x: torch.Tensor, dim: int, descending: bool) -> N
     torch.testing.assert_close(values, ref_values, equal_nan=True, rtol=0, atol=0)
     # Stable: identical indices, hence bit-identical values (-0.0 stays where it was).
     torch.testing.assert_close(indices, ref_indices, rtol=0, atol=0)
-    assert torch.equal(x.gather(dim, indices).view(-1).view(torch.uint8), values.view(-1).view(
-        torch.uint8)) if x.numel() and x.dtype != torch.bool else True
+    # Bit-exact: values are the input's elements (NaN payloads, -0.0), compared as integers
+    # because torch's own bfloat16 gather rewrites NaN bits.
+    gathered = _bits(x).gather(dim, indices) if x.dim() else _bits(x)
+    assert torch.equal(gathered, _bits(values))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.view(as_int[t.element_size()])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -135,7 +142,7 @@ def test_topk_batched_rows_other_dims_and_ties() -> None:
 
 
 def test_topk_many_tiles_bitonic_merge() -> None:
-    x = _sample((200_000,), torch.float32)
+    x = _sample((300_000,), torch.float32)  # >= 4096 elements per tile keeps all 64 tiles
     with kernels.tiles(64):
         kernels.reset_counters()
         _check_topk(x, 300, -1, True)

@@ -17,14 +17,10 @@ from poptorch_sim.errors import Error
 from poptorch_sim.profiling.trace import TraceRecorder
 from poptorch_sim.program import StagedProgram, StageSpec
 from poptorch_sim.runtime import PipelineRuntime, default_devices
+from poptorch_sim.runtime.routes import HOST, routes_of
 
 CPU = {i: torch.device("cpu") for i in range(4)}
 WIDTH = 8
-
-
-@pytest.fixture(autouse=True)
-def seed() -> None:
-    torch.manual_seed(0)
 
 
 # -- stage modules (each returns a tuple, one value per output name) -------------------------------
@@ -143,6 +139,44 @@ def grads(program: StagedProgram) -> dict[str, torch.Tensor]:
         for name, p in spec.module.named_parameters()
         if p.grad is not None
     }
+
+
+# -- routes ---------------------------------------------------------------------------------------
+
+
+def test_routes_follow_values_across_stages() -> None:
+    routes = routes_of(skip())
+    assert routes.inputs_from[2] == {1: ("h2",), 0: ("s",)}
+    assert routes.inputs_from[3] == {2: ("h3",), HOST: ("y",)}
+    assert routes.outputs_to[0] == {1: ("h1",), 2: ("s",)}
+    assert routes.to_host == (("s",), (), (), ("logits", "loss"))
+    assert routes.loss_stage == 3
+
+
+def _spec(index: int, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> StageSpec:
+    return StageSpec(index, index, Dense(), inputs, outputs)
+
+
+@pytest.mark.parametrize(
+    "stages, outputs, message",
+    [
+        ([_spec(0, ("x",), ("h",)), _spec(1, ("h",), ("h",))], ("h",),
+         "value 'h' is produced by stage 1 but is already stage 0"),
+        ([_spec(0, ("x",), ("x",))], ("x",), "value 'x' is produced by stage 0 but is already a "
+         "program input"),
+        ([_spec(0, ("h",), ("a",)), _spec(1, ("x",), ("h",))], ("a",),
+         "stage 0 reads 'h', which is made by stage 1; a stage may only read"),
+        ([_spec(0, ("x",), ("a",))], ("b",), "program output 'b' is not made by any stage"),
+        ([_spec(1, ("x",), ("a",))], ("a",), r"stages must be numbered 0..N-1 in order, got "
+         r"indices \[1\]"),
+        ([], (), "the staged program has no stages"),
+    ],
+    ids=["produced-twice", "shadows-input", "reads-later-stage", "unmade-output", "numbering",
+         "empty"],
+)  # fmt: skip
+def test_malformed_programs_are_rejected(stages, outputs, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(Error, match=message):
+        routes_of(StagedProgram(stages, ("x",), outputs))
 
 
 # -- transparency ------------------------------------------------------------------------------
@@ -308,6 +342,17 @@ def test_same_runtime_runs_again_after_a_failure() -> None:
     torch.testing.assert_close(grads(program), grads(reference))
 
 
+def test_a_vanished_worker_thread_is_an_error_not_a_hang() -> None:
+    runtime = PipelineRuntime(chain(3), training=True, devices=CPU)
+    runtime._workers[2].inbox.put("STOP")  # the thread leaves as if it had crashed
+    runtime._workers[2].thread.join()
+    with pytest.raises(Error, match=r"worker threads of IPUs \[2\] stopped in the middle"):
+        runtime.run(micro_batches(4))
+    with pytest.raises(Error, match="this PipelineRuntime is unusable"):
+        runtime.run(micro_batches(4))
+    runtime.close()
+
+
 def test_backward_failure_is_reported() -> None:
     with PipelineRuntime(failing_program("backward", at=4), training=True, devices=CPU) as rt:
         with pytest.raises(
@@ -354,9 +399,13 @@ def test_graph_node_is_named_for_fx_stages() -> None:
 
 def test_keyboard_interrupt_stops_the_run_cleanly() -> None:
     class Interrupt(nn.Module):
+        fired = False
+
         def forward(self, h: torch.Tensor) -> tuple[torch.Tensor]:
-            _thread.interrupt_main()  # what Ctrl-C does to the caller
-            time.sleep(0.2)
+            if not self.fired:
+                self.fired = True
+                _thread.interrupt_main()  # what Ctrl-C does to the caller
+                time.sleep(0.2)
             return (h,)
 
     program = chain(3)
@@ -365,7 +414,7 @@ def test_keyboard_interrupt_stops_the_run_cleanly() -> None:
     runtime = PipelineRuntime(program, training=True, devices=CPU)
     with pytest.raises(KeyboardInterrupt):
         runtime.run(micro_batches(8))
-    program.stages[2] = StageSpec(2, 2, Dense(), ("h2",), ("h3",))
+    assert len(runtime.run(micro_batches(8))) == 8  # the run was stopped; the runtime works
     runtime.close()
     assert threading.active_count() == baseline
 

@@ -24,7 +24,8 @@ __all__ = ["KINDS", "FusedOptimizer"]
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "sgd": dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
                 maximize=False),
-    "adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, maximize=False),
+    "adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, maximize=False,
+                 bias_correction=True),
     "adamw": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, maximize=False,
                   bias_correction=True),
     "rmsprop": dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
@@ -108,6 +109,7 @@ class FusedOptimizer:
         self.max_grad_norm = float(max_grad_norm)
         self.param_groups: list[dict[str, Any]] = []
         self.state: dict[Tensor, dict[str, Any]] = {}
+        self._grad_of: dict[int, Tensor | None] = {}
         items = list(params)
         groups = items if items and isinstance(items[0], dict) else [{"params": items}]
         for group in groups:
@@ -174,15 +176,35 @@ class FusedOptimizer:
     # ------------------------------------------------------------------ the step
 
     @torch.no_grad()
-    def step(self) -> None:
-        """Unscales, clips and applies one update to every param that has a ``.grad``."""
-        live = [[p for p in g["params"] if p.grad is not None] for g in self.param_groups]
-        clip = self._clip_coef([p.grad for ps in live for p in ps])
+    def step(self, grads: Sequence[Tensor | None] | None = None) -> None:
+        """Unscales, clips and applies one update to every param that has a gradient.
+
+        Args:
+            grads: gradients to use instead of ``p.grad``, one per param in group order
+                (``None`` skips that param); e.g. float16 accumulators of float32 params,
+                which torch does not allow as ``.grad``.
+        """
+        flat = [p for g in self.param_groups for p in g["params"]]
+        if grads is None:
+            grads = [p.grad for p in flat]
+        if len(grads) != len(flat):
+            raise ValueError(f"step got {len(grads)} grads for {len(flat)} params")
+        grad_of = {id(p): g for p, g in zip(flat, grads)}
+        live = [[p for p in g["params"] if grad_of[id(p)] is not None]
+                for g in self.param_groups]  # fmt: skip
+        clip = self._clip_coef([grad_of[id(p)] for ps in live for p in ps])
         chunk = self.chunk_elements if self.off_chip else 0
         common = dict(loss_scaling=self.loss_scaling, clip_coef=clip, chunk_elements=chunk)
-        for group, params in zip(self.param_groups, live):
-            if params:
-                getattr(self, f"_step_{self.kind}")(group, params, common)
+        self._grad_of = grad_of
+        try:
+            for group, params in zip(self.param_groups, live):
+                if params:
+                    getattr(self, f"_step_{self.kind}")(group, params, common)
+        finally:
+            self._grad_of = {}  # do not keep the gradients alive between steps
+
+    def _grads(self, params: list[Tensor]) -> list[Tensor]:
+        return [self._grad_of[id(p)] for p in params]
 
     def _clip_coef(self, grads: list[Tensor]) -> float:
         if math.isinf(self.max_grad_norm) or not grads:
@@ -208,7 +230,7 @@ class FusedOptimizer:
         hyper = {k: group[k] for k in ("lr", "momentum", "dampening", "weight_decay",
                                        "nesterov", "maximize")}  # fmt: skip
         if group["momentum"] == 0:
-            sgd_step_(params, [p.grad for p in params], [], first_step=False, **hyper, **common)
+            sgd_step_(params, self._grads(params), [], first_step=False, **hyper, **common)
             return
         fresh = [p for p in params if self.state.get(p, {}).get("momentum_buffer") is None]
         for p in fresh:
@@ -217,7 +239,7 @@ class FusedOptimizer:
         for subset, first in ((fresh, True), (old, False)):
             if subset:
                 bufs = [self.state[p]["momentum_buffer"] for p in subset]
-                sgd_step_(subset, [p.grad for p in subset], bufs, first_step=first, **hyper,
+                sgd_step_(subset, self._grads(subset), bufs, first_step=first, **hyper,
                           **common)  # fmt: skip
 
     def _init_moments(self, params: list[Tensor], names: Sequence[tuple[str, int]]) -> None:
@@ -233,7 +255,7 @@ class FusedOptimizer:
         self._init_moments(params, (("exp_avg", 0), ("exp_avg_sq", 1)))
         beta1, beta2 = group["betas"]
         adam_step_(
-            params, [p.grad for p in params], [self.state[p]["exp_avg"] for p in params],
+            params, self._grads(params), [self.state[p]["exp_avg"] for p in params],
             [self.state[p]["exp_avg_sq"] for p in params], self._steps(params), lr=group["lr"],
             beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
             decoupled_weight_decay=self.kind == "adamw",
@@ -253,7 +275,7 @@ class FusedOptimizer:
         self._steps(params)
         states = {n: [self.state[p][n] for p in params] for n, _ in names}
         rmsprop_step_(
-            params, [p.grad for p in params], states["square_avg"],
+            params, self._grads(params), states["square_avg"],
             states.get("momentum_buffer", []), states.get("grad_avg", []), lr=group["lr"],
             alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
             momentum=group["momentum"], centered=group["centered"], maximize=group["maximize"],
@@ -264,7 +286,7 @@ class FusedOptimizer:
         self._init_moments(params, (("exp_avg", 0), ("exp_avg_sq", 1)))
         beta1, beta2 = group["betas"]
         lamb_step_(
-            params, [p.grad for p in params], [self.state[p]["exp_avg"] for p in params],
+            params, self._grads(params), [self.state[p]["exp_avg"] for p in params],
             [self.state[p]["exp_avg_sq"] for p in params], self._steps(params), lr=group["lr"],
             beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
             max_weight_norm=group["max_weight_norm"], bias_correction=group["bias_correction"],

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import math
-from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from .engine import load_library
 
 __all__ = [
     "KINDS",
@@ -29,20 +28,7 @@ __all__ = [
 TILE_ELEMENTS = 1024
 
 
-def _load_library() -> None:
-    """Loads ``poptorch_sim._C`` into ``torch.ops`` once; idempotent."""
-    if hasattr(torch.ops.poptorch_sim, "adam_step_"):
-        return
-    spec = importlib.util.find_spec("poptorch_sim._C")
-    if spec is None or spec.origin is None:
-        raise ImportError(
-            "poptorch_sim's C++ kernels are not built: run "
-            "`python setup.py build_ext --inplace` in the project root"
-        )
-    torch.ops.load_library(spec.origin)
-
-
-_load_library()
+load_library()
 _ops = torch.ops.poptorch_sim
 
 
@@ -60,7 +46,8 @@ def accumulate_(accum: Tensor, grad: Tensor, scale: float = 1.0) -> Tensor:
     >>> acc = torch.zeros(4); accumulate_(acc, torch.ones(4), 0.5)
     tensor([0.5000, 0.5000, 0.5000, 0.5000])
     """
-    return _ops.accumulate_(accum, grad, scale)
+    _ops.accumulate_(accum, grad, scale)
+    return accum
 
 
 def accumulate_many_(accums: list[Tensor], grads: list[Tensor], scale: float = 1.0) -> None:
@@ -156,12 +143,9 @@ def _register_fakes() -> None:
     def _none(*args: Any, **kwargs: Any) -> None:
         return None
 
-    for name in ("sgd_step_", "adam_step_", "rmsprop_step_", "lamb_step_", "accumulate_many_"):
+    for name in ("sgd_step_", "adam_step_", "rmsprop_step_", "lamb_step_", "accumulate_",
+                 "accumulate_many_"):  # fmt: skip
         torch.library.register_fake(f"poptorch_sim::{name}")(_none)
-
-    @torch.library.register_fake("poptorch_sim::accumulate_")
-    def _accumulate_fake(accum: Tensor, grad: Tensor, scale: float) -> Tensor:
-        return accum
 
     @torch.library.register_fake("poptorch_sim::grad_norm")
     def _grad_norm_fake(grads: list[Tensor], loss_scaling: float) -> Tensor:

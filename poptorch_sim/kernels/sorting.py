@@ -174,21 +174,21 @@ def _dim_of(input: Tensor, dim: int) -> int:
 
 
 @torch.library.register_fake("poptorch_sim::sort")
-def _sort_fake(input: Tensor, dim: int, descending: bool) -> tuple[Tensor, Tensor]:
+def _sort_fake(input: Tensor, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
     _dim_of(input, dim)
     values = torch.empty_like(input, memory_format=torch.contiguous_format)
     return values, torch.empty_like(values, dtype=torch.int64)
 
 
 @torch.library.register_fake("poptorch_sim::argsort")
-def _argsort_fake(input: Tensor, dim: int, descending: bool) -> Tensor:
+def _argsort_fake(input: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
     _dim_of(input, dim)
     return torch.empty_like(input, dtype=torch.int64, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("poptorch_sim::topk")
 def _topk_fake(
-    input: Tensor, k: int, dim: int, largest: bool, sorted: bool
+    input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
 ) -> tuple[Tensor, Tensor]:
     shape = list(input.shape)
     if shape:

@@ -85,9 +85,7 @@ def output_batch_dim(mode: str, period: int, di: int, ga: int, r: int) -> int:
     return r
 
 
-def assemble(
-    outputs: list[Tensor], mode: str, period: int, di: int, ga: int, r: int
-) -> Tensor:
+def assemble(outputs: list[Tensor], mode: str, period: int, di: int, ga: int, r: int) -> Tensor:
     """Builds one call's output from the per-micro-batch outputs, with at most one copy.
 
     Args:

@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from .channel import Channel
+from .trace import TraceEvent, TraceRecorder
 
-__all__ = ["Channel"]
+__all__ = ["Channel", "TraceEvent", "TraceRecorder"]

@@ -25,6 +25,11 @@ So each worker first calls ``torch.get_num_threads()`` (forcing its lazy init), 
 by calling ``torch.set_num_threads`` with the main thread's own count (which leaves the workers'
 counts alone). The default ``n`` splits the main thread's count evenly between the workers so
 ``N`` workers do not oversubscribe the cores.
+
+Oversubscription is expensive with libgomp: its team threads spin at barriers. On the shared
+two-core build machine (load average ~10), eager fwd+bwd of two 256-wide dense layers on 8
+micro-batches took 27 ms on one intra-op thread and 3,600 ms on two — one reason the default
+divides the cores between the workers rather than letting each use them all.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ The caller's side of the runtime: it starts the IPU workers, hands each its acti
 run, feeds the micro-batches in, collects the program outputs, and turns the first worker failure
 into a ``poptorch_sim.Error`` after stopping the others. One run::
 
-    caller ── Job ──────────────► IPU 0 worker ── act ──► IPU 1 worker ─┐
-           ── Transfer(host) ───►      ▲   ◄──── grad ────────┘        │
-           ◄── (ok, Output / Finished / Failed) ── report queue ◄─────────┘
+    caller ──Job, inputs──► IPU 0 worker ──activations──► IPU 1 worker
+      ▲                          │      ◄──gradients────       │
+      └──(ok, Output | Finished | Failed)── report queue ◄─────┘
 """
 
 from __future__ import annotations
@@ -82,8 +82,9 @@ class PipelineRuntime:
     Args:
         program: the stages; their modules are moved to their IPU's device.
         training: run backward from ``program.loss_name`` and call ``step`` per stage.
-        schedule: ``"1f1b"`` (default) or ``"fill_drain"``; ignored when ``program.sharded``
-            (one micro-batch at a time) and in inference (forward-only pipeline).
+        schedule: ``"1f1b"`` (default), ``"fill_drain"`` or ``"sharded"``; ``program.sharded``
+            forces ``"sharded"`` (one micro-batch at a time); inference pipelines use the
+            forward-only schedule.
         devices: ``{ipu: device}``; default ``cuda:(ipu mod n)`` with CUDA, else CPU.
         threads_per_ipu: intra-op threads per worker (default ``POPTORCH_SIM_THREADS_PER_IPU``,
             else the main thread's count split between the workers).
@@ -141,7 +142,7 @@ class PipelineRuntime:
         if self.schedule_name not in SCHEDULES or self.schedule_name == "forward":
             raise Error(
                 f"unknown pipeline schedule {self.schedule_name!r} "
-                "(known schedules: '1f1b', 'fill_drain'; 'sharded' comes from the program)"
+                "(known schedules: '1f1b', 'fill_drain', 'sharded')"
             )
         if self.training and (self.routes.loss_stage is None or self.routes.loss_stage == HOST):
             raise Error(
@@ -341,6 +342,7 @@ class PipelineRuntime:
             try:
                 ok, payload = self._reports.get(timeout=POLL_S)
             except queue.Empty:
+                self._check_alive(pending, job_abort)
                 continue
             if getattr(payload, "run_id", self._run_id) != self._run_id:
                 continue  # a late report of an aborted run
@@ -356,6 +358,19 @@ class PipelineRuntime:
             elif isinstance(payload, Finished):
                 pending.discard(payload.ipu)
         return results
+
+    def _check_alive(self, pending: set[int], job_abort: threading.Event) -> None:
+        """A worker thread that vanished mid-run would leave the caller waiting for ever."""
+        dead = [ipu for ipu in sorted(pending) if not self._workers[ipu].thread.is_alive()]
+        if dead:
+            job_abort.set()
+            for worker in self._workers.values():
+                worker.inbox.put(Abort(self._run_id))
+            self._broken = f"the worker threads of IPUs {dead} died"
+            raise Error(
+                f"the worker threads of IPUs {dead} stopped in the middle of a run; "
+                "close this PipelineRuntime and build a new one"
+            )
 
     def _abort(self, job_abort: threading.Event) -> None:
         """Tell every worker to drop the run; wait (bounded) until the pending ones stopped."""

@@ -120,7 +120,13 @@ _CATEGORY = {
     ActionKind.RECV_F: "recv",
     ActionKind.RECV_B: "recv",
 }
-_PHASE = {"fwd": "forward", "bwd": "backward", "step": "optimizer step"}
+_PHASE = {
+    "fwd": "forward",
+    "bwd": "backward",
+    "step": "optimizer step",
+    "send": "send",
+    "recv": "receive",
+}
 
 
 class IpuWorker:
@@ -200,10 +206,13 @@ class IpuWorker:
     def _describe(self, action: Action | None, exc: BaseException) -> StageFailure:
         stage = action.stage if action is not None else min(self.stages)
         category = _CATEGORY[action.kind] if action is not None else "run"
-        phase = _PHASE.get(category, {"send": "send", "recv": "receive"}.get(category, category))
+        phase = _PHASE.get(category, category)
         node = None
         if action is not None and action.kind is ActionKind.F:
-            node = graph_node_of(exc, self.stages[stage].spec.module)
+            try:
+                node = graph_node_of(exc, self.stages[stage].spec.module)
+            except Exception:  # naming the node is best effort; the failure itself is reported
+                node = None
         return StageFailure(stage, self.ipu, action.mb if action else None, phase, exc, node)
 
     def _traced(self, action: Action, job: Job) -> None:
@@ -232,7 +241,9 @@ class IpuWorker:
         elif kind is ActionKind.B:
             grads = self._held.pop((ActionKind.RECV_B, s, m), {})
             seeds = {name: g for name, g in grads.items() if g is not None}
-            self._held[(kind, s, m)] = self.stages[s].backward(m, seeds, job.loss_scale)
+            input_grads = self.stages[s].backward(m, seeds, job.loss_scale)
+            if self.routes.upstream(s):
+                self._held[(kind, s, m)] = input_grads
         elif kind is ActionKind.SEND_B:
             self._send_gradients(s, m, job.run_id)
         elif kind is ActionKind.STEP and job.step is not None:
@@ -252,7 +263,7 @@ class IpuWorker:
             self.reports.put((True, Output(run_id, s, m, to_host)))
 
     def _send_gradients(self, s: int, m: int, run_id: int) -> None:
-        grads = self._held.pop((ActionKind.B, s, m))
+        grads = self._held.pop((ActionKind.B, s, m), {})
         for producer in self.routes.upstream(s):
             names = self.routes.inputs_from[s][producer]
             values = {name: grads.get(name) for name in names}

@@ -35,19 +35,21 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 
 class Classifier(nn.Module):
-    """Two convolutions and two fully connected layers: about 99% on MNIST in one epoch."""
+    """Two small convolutions and two fully connected layers (about 30k parameters)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 16, kernel_size=5, padding=2),
+            nn.Conv2d(1, 8, kernel_size=5, padding=2),
             nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, kernel_size=5, padding=2),
+            nn.Conv2d(8, 16, kernel_size=5, padding=2),
             nn.ReLU(),
             nn.MaxPool2d(2),
         )
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+        self.head = nn.Sequential(
+            nn.Flatten(), nn.Linear(16 * 7 * 7, 32), nn.ReLU(), nn.Linear(32, 10)
+        )
         self.loss = nn.CrossEntropyLoss()
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor | None = None):

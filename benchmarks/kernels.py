@@ -1,0 +1,212 @@
+"""Times the tile kernels against their references (torch, numpy, torchvision) in one run.
+
+Run ``.venv/bin/python benchmarks/kernels.py`` (``--quick`` for a smoke run). Each row times
+ours and the reference interleaved, repeat by repeat, so machine noise hits both alike, and
+prints medians, the speedup (reference median / ours) and whether the results are identical.
+Rows of the accumulation/optimizer kernels come from ``benchmarks/kernels_optim.py`` when
+present: its ``rows(quick: bool) -> list[Row]`` is appended to the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torchvision
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from poptorch_sim import kernels  # noqa: E402
+
+
+class Row(NamedTuple):
+    """One line of the table: medians in seconds."""
+
+    op: str
+    size: str
+    ours: float
+    reference: float
+    reference_name: str
+    identical: bool
+
+
+def interleaved(ours: Callable[[], Any], ref: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    """Median seconds of ``ours`` and ``ref``, timed alternately after one warm-up each."""
+    ours()
+    ref()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for fn, bucket in ((ours, times[0]), (ref, times[1])):
+            start = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def sort_rows(quick: bool) -> list[Row]:
+    """sort/argsort of 2^20 float32 against torch.sort and numpy."""
+    n = 1 << (16 if quick else 20)
+    repeats = 3 if quick else 9
+    x = torch.randn(n)
+    xn = x.numpy()
+    values, indices = kernels.sort(x)
+    ref_values, ref_indices = torch.sort(x, stable=True)
+    same = torch.equal(values, ref_values) and torch.equal(indices, ref_indices)
+    rows = [
+        Row("sort", f"{n}", *interleaved(lambda: kernels.sort(x), lambda: torch.sort(x), repeats),
+            "torch.sort", same),
+        Row("sort", f"{n}", *interleaved(lambda: kernels.sort(x), lambda: np.sort(xn), repeats),
+            "np.sort (values only)", bool(np.array_equal(values.numpy(), np.sort(xn)))),
+        Row("argsort", f"{n}",
+            *interleaved(lambda: kernels.argsort(x), lambda: np.argsort(xn, kind="stable"),
+                         repeats),
+            "np.argsort stable", bool(np.array_equal(kernels.argsort(x).numpy(),
+                                                     np.argsort(xn, kind="stable")))),
+    ]
+    batch = torch.randn(256, 4096)
+    rows.append(Row("sort rows", "256x4096",
+                    *interleaved(lambda: kernels.sort(batch, dim=1),
+                                 lambda: torch.sort(batch, dim=1), repeats),
+                    "torch.sort", torch.equal(kernels.sort(batch, dim=1).values,
+                                              torch.sort(batch, dim=1).values)))
+    return rows
+
+
+def topk_rows(quick: bool) -> list[Row]:
+    """topk k=1000 of 1M float32 against torch.topk."""
+    n = 1 << (16 if quick else 20)
+    x = torch.randn(n)
+    ours = kernels.topk(x, 1000)
+    ref = torch.topk(x, 1000)
+    same = torch.equal(ours.values, ref.values) and torch.equal(ours.indices, ref.indices)
+    timing = interleaved(lambda: kernels.topk(x, 1000), lambda: torch.topk(x, 1000),
+                         3 if quick else 9)
+    return [Row("topk k=1000", f"{n}", *timing, "torch.topk", same)]
+
+
+def random_boxes(n: int, clustered: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` boxes (x1, y1, x2, y2) in a 1000x1000 image and distinct scores."""
+    if clustered:
+        centres = torch.rand(n // 40 + 1, 2) * 1000
+        xy = centres[torch.randint(0, len(centres), (n,))] + torch.randn(n, 2) * 6
+    else:
+        xy = torch.rand(n, 2) * 1000
+    wh = torch.rand(n, 2) * 60 + 4
+    return torch.cat([xy, xy + wh], 1), torch.randperm(n).float() / n
+
+
+def nms_rows(quick: bool) -> list[Row]:
+    """nms on random and clustered boxes against torchvision.ops.nms."""
+    rows = []
+    for n in (1000, 5000) if quick else (1000, 5000, 20000):
+        for clustered in (False, True):
+            boxes, scores = random_boxes(n, clustered)
+            same = torch.equal(kernels.nms(boxes, scores, 0.5),
+                               torchvision.ops.nms(boxes, scores, 0.5))
+            repeats = 1 if quick else (3 if n >= 20000 else 7)
+            timing = interleaved(lambda b=boxes, s=scores: kernels.nms(b, s, 0.5),
+                                 lambda b=boxes, s=scores: torchvision.ops.nms(b, s, 0.5),
+                                 repeats)
+            kind = "clustered" if clustered else "random"
+            rows.append(Row("nms", f"{n} {kind}", *timing, "torchvision nms", same))
+    return rows
+
+
+def retinanet_inputs(quick: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-level (scores [anchors*classes], boxes [anchors, 4]) for a 5-level RetinaNet head."""
+    side, classes = (256, 20) if quick else (512, 80)
+    levels = []
+    for stride in (8, 16, 32, 64, 128):
+        anchors = ((side + stride - 1) // stride) ** 2 * 9
+        count = anchors * classes
+        scores = (torch.randperm(count).double() + 0.5).div(count).float()
+        boxes, _ = random_boxes(anchors, clustered=True)
+        levels.append((scores, boxes))
+    return levels
+
+
+def retinanet_postprocess(levels, topk_fn, batched_nms_fn, classes: int) -> torch.Tensor:
+    """torchvision RetinaNet's postprocess_detections: top-1000 per level, then batched NMS."""
+    all_boxes, all_scores, all_labels = [], [], []
+    for scores, boxes in levels:
+        keep = scores > 0.05
+        kept_scores = scores[keep]
+        kept_idxs = torch.nonzero(keep).squeeze(1)
+        num = min(1000, kept_idxs.numel())
+        top_scores, top = topk_fn(kept_scores, num)
+        idxs = kept_idxs[top]
+        all_boxes.append(boxes[torch.div(idxs, classes, rounding_mode="floor")])
+        all_scores.append(top_scores)
+        all_labels.append(idxs % classes)
+    boxes, scores, labels = (torch.cat(t) for t in (all_boxes, all_scores, all_labels))
+    keep = batched_nms_fn(boxes, scores, labels, 0.5)[:300]
+    return torch.cat([boxes[keep], scores[keep, None], labels[keep, None].float()], 1)
+
+
+def retinanet_rows(quick: bool) -> list[Row]:
+    """RetinaNet post-processing with our topk + batched_nms against torch + torchvision."""
+    classes = 20 if quick else 80
+    levels = retinanet_inputs(quick)
+
+    def ours() -> torch.Tensor:
+        return retinanet_postprocess(levels, kernels.topk, kernels.batched_nms, classes)
+
+    def ref() -> torch.Tensor:
+        return retinanet_postprocess(levels, torch.topk, torchvision.ops.batched_nms, classes)
+
+    same = torch.equal(ours(), ref())
+    size = f"5 levels x {sum(s.numel() for s, _ in levels)} scores"
+    return [Row("retinanet post", size, *interleaved(ours, ref, 3 if quick else 7),
+                "torch.topk + tv batched_nms", same)]
+
+
+def optim_rows(quick: bool) -> list[Row]:
+    """Rows from benchmarks/kernels_optim.py (the accumulation/optimizer kernels), if present."""
+    try:
+        import kernels_optim  # type: ignore[import-not-found]
+    except ImportError:
+        return []
+    return [Row(*row) for row in kernels_optim.rows(quick)]
+
+
+def print_table(rows: list[Row]) -> None:
+    """Prints the table: medians in ms and the speedup (reference / ours)."""
+    header = (f"{'op':<16}{'size':<30}{'ours ms':>10}{'ref ms':>10}{'speedup':>9}  "
+              f"{'identical':<10}reference")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        ratio = row.reference / row.ours if row.ours > 0 else float("inf")
+        print(f"{row.op:<16}{row.size:<30}{row.ours * 1e3:>10.3f}{row.reference * 1e3:>10.3f}"
+              f"{ratio:>8.2f}x  {str(row.identical):<10}{row.reference_name}")
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    """Runs every section and prints the table; returns its rows."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{kernels.num_tiles()} tiles")
+    kernels.reset_counters()
+    rows = []
+    for section in (sort_rows, topk_rows, nms_rows, retinanet_rows, optim_rows):
+        rows += section(args.quick)
+    print_table(rows)
+    print("\ntile engine counters (all calls above):")
+    for name, stats in sorted(kernels.counters().items()):
+        print(f"  {name:<20}{stats}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
