@@ -124,7 +124,7 @@ def accumulate_rows(quick: bool) -> list[Row]:
             "torch add_(alpha)", close),
     ]  # fmt: skip
     acc16 = torch.zeros(n, dtype=torch.float16)
-    rows.append(Row("accumulate_ fp16", size,
+    rows.append(Row("accumulate_ fp16", f"{n / 1e6:g}M fp16 accum, fp32 grad",
                     *_interleaved(lambda: accumulate_(acc16, grad, 0.25),
                                   lambda: acc16.add_(grad, alpha=0.25), repeats),
                     "torch add_(alpha) fp16 accum", True))  # fmt: skip

@@ -41,38 +41,78 @@ uint32_t differing_bits(const uint64_t* items, int64_t n) {
   return diff;
 }
 
+constexpr int kStreams = 4;
+
+// Stable scatter of src[0, n) into dst by the digit (item >> shift) & mask. The input is cut
+// into kStreams quarters, each with its own histogram and write cursors, so consecutive
+// items of one bucket do not serialise on one counter. Fills `starts` (mask + 2 entries) with
+// the bucket boundaries; returns false (and copies nothing) when every item shares a digit.
+bool stable_scatter(
+    const uint64_t* src, uint64_t* dst, int64_t n, int shift, uint32_t mask,
+    std::vector<uint32_t>& cursors, std::vector<uint32_t>& starts) {
+  const size_t buckets = static_cast<size_t>(mask) + 1;
+  cursors.assign(buckets * kStreams, 0u);
+  int64_t bounds[kStreams + 1];
+  for (int q = 0; q <= kStreams; ++q) {
+    bounds[q] = n / kStreams * q + std::min<int64_t>(q, n % kStreams);
+  }
+  const int64_t shortest = bounds[1] - bounds[0] - (n % kStreams != 0 ? 1 : 0);
+  uint32_t* c = cursors.data();
+  for (int64_t i = 0; i < shortest; ++i) {
+    for (int q = 0; q < kStreams; ++q) {
+      ++c[q * buckets + ((src[bounds[q] + i] >> shift) & mask)];
+    }
+  }
+  for (int q = 0; q < kStreams; ++q) {
+    for (int64_t i = bounds[q] + shortest; i < bounds[q + 1]; ++i) {
+      ++c[q * buckets + ((src[i] >> shift) & mask)];
+    }
+  }
+  const uint32_t first = (src[0] >> shift) & mask;
+  uint32_t total_first = 0;
+  for (int q = 0; q < kStreams; ++q) {
+    total_first += c[q * buckets + first];
+  }
+  if (total_first == static_cast<uint32_t>(n)) {
+    return false;
+  }
+  starts.assign(buckets + 1, 0u);
+  uint32_t offset = 0;
+  for (size_t b = 0; b < buckets; ++b) {
+    starts[b] = offset;
+    for (int q = 0; q < kStreams; ++q) {
+      const uint32_t count = c[q * buckets + b];
+      c[q * buckets + b] = offset;
+      offset += count;
+    }
+  }
+  starts[buckets] = offset;
+  for (int64_t i = 0; i < shortest; ++i) {
+    for (int q = 0; q < kStreams; ++q) {
+      const uint64_t item = src[bounds[q] + i];
+      dst[c[q * buckets + ((item >> shift) & mask)]++] = item;
+    }
+  }
+  for (int q = 0; q < kStreams; ++q) {
+    for (int64_t i = bounds[q] + shortest; i < bounds[q + 1]; ++i) {
+      dst[c[q * buckets + ((src[i] >> shift) & mask)]++] = src[i];
+    }
+  }
+  return true;
+}
+
 // LSD radix sort, 11-bit digits, over the bits [0, top] of the high words; result in `items`.
 void lsd_sort(uint64_t* items, uint64_t* scratch, int64_t n, int top) {
   constexpr int kBits = 11;
-  constexpr uint32_t kMask = (1u << kBits) - 1;
-  const int digits = top / kBits + 1;
-  thread_local std::vector<uint32_t> storage;
-  storage.assign(static_cast<size_t>(digits) << kBits, 0u);
-  uint32_t* hist = storage.data();
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t key = high_word(items[i]);
-    for (int d = 0; d < digits; ++d) {
-      ++hist[(d << kBits) + ((key >> (kBits * d)) & kMask)];
-    }
-  }
+  thread_local std::vector<uint32_t> cursors;
+  thread_local std::vector<uint32_t> starts;
   uint64_t* src = items;
   uint64_t* dst = scratch;
-  for (int d = 0; d < digits; ++d) {
-    uint32_t* counts = hist + (d << kBits);
-    if (counts[(high_word(src[0]) >> (kBits * d)) & kMask] == static_cast<uint32_t>(n)) {
-      continue;
+  for (int low = 0; low <= top; low += kBits) {
+    const uint32_t mask = (1u << std::min(kBits, top + 1 - low)) - 1;
+    if (stable_scatter(src, dst, n, 32 + low, mask, cursors, starts)) {
+      std::swap(src, dst);
     }
-    uint32_t offset = 0;
-    for (uint32_t b = 0; b <= kMask; ++b) {
-      const uint32_t c = counts[b];
-      counts[b] = offset;
-      offset += c;
-    }
-    const int shift = 32 + kBits * d;
-    for (int64_t i = 0; i < n; ++i) {
-      dst[counts[(src[i] >> shift) & kMask]++] = src[i];
-    }
-    std::swap(src, dst);
   }
   if (src != items) {
     std::memcpy(items, src, static_cast<size_t>(n) * sizeof(uint64_t));
@@ -98,22 +138,16 @@ void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
     lsd_sort(items, scratch, n, top);
     return;
   }
-  const int shift = std::max(0, top - 7);
-  uint32_t counts[257] = {};
-  for (int64_t i = 0; i < n; ++i) {
-    ++counts[((high_word(items[i]) >> shift) & 255) + 1];
+  constexpr int kMsdBits = 11;
+  const int shift = std::max(0, top + 1 - kMsdBits);
+  std::vector<uint32_t> cursors;
+  std::vector<uint32_t> starts;
+  if (!stable_scatter(items, scratch, n, 32 + shift, (1u << kMsdBits) - 1, cursors, starts)) {
+    return;  // unreachable: bit `top` differs between some items
   }
-  for (int b = 0; b < 256; ++b) {
-    counts[b + 1] += counts[b];
-  }
-  uint32_t next[256];
-  std::memcpy(next, counts, sizeof(next));
-  for (int64_t i = 0; i < n; ++i) {
-    scratch[next[(high_word(items[i]) >> shift) & 255]++] = items[i];
-  }
-  for (int b = 0; b < 256; ++b) {
-    const int64_t lo = counts[b];
-    const int64_t size = static_cast<int64_t>(counts[b + 1]) - lo;
+  for (int b = 0; b < (1 << kMsdBits); ++b) {
+    const int64_t lo = starts[b];
+    const int64_t size = static_cast<int64_t>(starts[b + 1]) - lo;
     if (size == 0) {
       continue;
     }

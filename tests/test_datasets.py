@@ -12,13 +12,13 @@ import torchvision
 
 from poptorch_sim.datasets import MNIST_FILES, ensure_mnist, mnist_standin, raw_folder, write_standin
 
-NUM_TRAIN, NUM_TEST, NOISE = 600, 200, 0.05
+NUM_TRAIN, NUM_TEST, NOISE, VARIANTS = 600, 200, 0.05, 4
 
 
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("standin")
-    write_standin(root, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=0, test_label_noise=NOISE)
+    write_standin(root, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=0, test_label_noise=NOISE, variants=VARIANTS)
     return root
 
 
@@ -74,17 +74,17 @@ def test_idx_headers(standin: Path) -> None:
 
 
 def test_same_seed_same_bytes(standin: Path, tmp_path: Path) -> None:
-    write_standin(tmp_path, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=0, test_label_noise=NOISE)
+    write_standin(tmp_path, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=0, test_label_noise=NOISE, variants=VARIANTS)
     assert _bytes(tmp_path) == _bytes(standin)
 
 
 def test_other_seed_other_images(standin: Path, tmp_path: Path) -> None:
-    write_standin(tmp_path, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=1, test_label_noise=NOISE)
+    write_standin(tmp_path, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=1, test_label_noise=NOISE, variants=VARIANTS)
     assert not torch.equal(_read(tmp_path, True).data, _read(standin, True).data)
 
 
 def test_test_label_noise_changes_only_that_many_test_labels(standin: Path, tmp_path: Path) -> None:
-    write_standin(tmp_path, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=0, test_label_noise=0.0)
+    write_standin(tmp_path, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=0, test_label_noise=0.0, variants=VARIANTS)
     clean_train, noisy_train = _read(tmp_path, True), _read(standin, True)
     clean_test, noisy_test = _read(tmp_path, False), _read(standin, False)
     torch.testing.assert_close(clean_train.data, noisy_train.data)
@@ -108,8 +108,9 @@ def test_classes_are_separable(standin: Path) -> None:
     [
         ({"num_train": -1}, "num_train and num_test must be >= 0, got -1 and 10"),
         ({"test_label_noise": 1.5}, r"test_label_noise must be in \[0, 1\], got 1.5"),
+        ({"variants": 0}, "variants must be >= 1, got 0"),
     ],
-    ids=["negative-size", "noise-above-one"],
+    ids=["negative-size", "noise-above-one", "no-variants"],
 )
 def test_write_standin_rejects_bad_arguments(tmp_path: Path, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -123,7 +124,7 @@ def small_standin(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
     def small(root: Path, seed: int = 0) -> Path:
         written.append(Path(root))
-        return write_standin(root, num_train=50, num_test=20, seed=seed)
+        return write_standin(root, num_train=50, num_test=20, seed=seed, variants=2)
 
     monkeypatch.setattr(mnist_standin, "write_standin", small)
     return written
@@ -176,7 +177,7 @@ def test_successful_download_is_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_standin: list[Path]
 ) -> None:
     def fake_download(root: Path) -> bool:
-        write_standin(root, num_train=5, num_test=5)
+        write_standin(root, num_train=5, num_test=5, variants=1)
         (raw_folder(root) / mnist_standin.STANDIN_MARKER).unlink()
         return True
 
@@ -189,7 +190,7 @@ def test_successful_download_is_reported(
 def test_outdated_standin_is_regenerated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_standin: list[Path]
 ) -> None:
-    write_standin(tmp_path, num_train=5, num_test=5)
+    write_standin(tmp_path, num_train=5, num_test=5, variants=1)
     monkeypatch.setattr(mnist_standin, "STANDIN_VERSION", mnist_standin.STANDIN_VERSION + 1)
     monkeypatch.setattr(mnist_standin, "_try_download", _fail_download)
     assert ensure_mnist(tmp_path, verbose=False) == "generated"

@@ -133,3 +133,26 @@ def test_input_replica_grouping_feeds_groups_the_same_data() -> None:
         groups = model(x).reshape(2, 3, 2)
     expected = torch.cat([groups[0], groups[0], groups[1], groups[1]])
     torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("opt_name", ["AdamW", "LAMB", "SGD"])
+def test_optimizer_state_off_chip_matches_on_chip(opt_name: str) -> None:
+    from poptorch_sim.kernels.optim import offload_reset_stats, offload_stats
+
+    results = []
+    for on_chip in (True, False):
+        torch.manual_seed(0)
+        model = Classifier()
+        opts = poptorch.Options().deviceIterations(2)
+        opts.Training.gradientAccumulation(2)
+        opts.TensorLocations.setOptimizerLocation(
+            poptorch.TensorLocationSettings().useOnChipStorage(on_chip)
+        )
+        training = poptorch.trainingModel(model, opts, OPTIMIZERS[opt_name](model.parameters()))
+        offload_reset_stats()
+        training(torch.randn(8, 6), torch.randint(0, 3, (8,)))
+        streamed = offload_stats()["chunks"]
+        assert (streamed > 0) == (not on_chip)
+        results.append([p.detach().clone() for p in model.parameters()])
+    for on, off in zip(*results):
+        torch.testing.assert_close(on, off, rtol=0, atol=0)

@@ -83,6 +83,7 @@ def write_standin(
     num_test: int = 10_000,
     seed: int = 0,
     test_label_noise: float = 0.01,
+    variants: int = 64,
 ) -> Path:
     """Generate the MNIST-format stand-in under ``<root>/MNIST/raw``.
 
@@ -96,6 +97,7 @@ def write_standin(
         num_test: test images (default 10,000, as MNIST).
         seed: seeds every random choice (default 0).
         test_label_noise: fraction of test labels replaced by a wrong digit (default 0.01).
+        variants: distinct "writers" per digit and split (default 64); fewer is faster.
 
     Returns:
         The raw folder written.
@@ -107,6 +109,8 @@ def write_standin(
     """
     if num_train < 0 or num_test < 0:
         raise ValueError(f"num_train and num_test must be >= 0, got {num_train} and {num_test}")
+    if variants < 1:
+        raise ValueError(f"variants must be >= 1, got {variants}")
     if not 0.0 <= test_label_noise <= 1.0:
         raise ValueError(f"test_label_noise must be in [0, 1], got {test_label_noise}")
     folder = raw_folder(root)
@@ -118,6 +122,7 @@ def write_standin(
         "num_train": num_train,
         "num_test": num_test,
         "test_label_noise": test_label_noise,
+        "variants": variants,
     }
     # The marker goes first: files without a marker would later be taken for real MNIST.
     (folder / STANDIN_MARKER).write_text(json.dumps(marker, indent=1) + "\n")
@@ -127,7 +132,7 @@ def write_standin(
     noisy_test = _noisy_labels(test_labels, test_label_noise, gen)
     splits = (("train", train_labels, train_labels, 1), ("t10k", test_labels, noisy_test, 2))
     for prefix, drawn, stored, offset in splits:
-        images = render_split(drawn, seed=seed * 7919 + offset)
+        images = render_split(drawn, seed=seed * 7919 + offset, variants=variants)
         _write_idx(folder / f"{prefix}-images-idx3-ubyte", images)
         _write_idx(folder / f"{prefix}-labels-idx1-ubyte", stored.to(torch.uint8))
     return folder

@@ -144,6 +144,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
         program = self._build_program(device, bound, layout)
         bar.update(80)
         trainer = self._build_trainer(device, layout) if self._training else None
+        if trainer is not None and isinstance(program, StagedRunner):
+            trainer.trace = program.trace
         self._executable = _Executable(bound, layout, device, program, trainer)
         self._connect_optimizer_state()
         hooks.run_post_compile()
@@ -181,6 +183,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
             names,
             layout.gradient_accumulation * layout.replicas,
             self._options.Training.accumulation_and_replication_reduction_type,
+            off_chip=self._options.optimizer_off_chip,
         )
         trainer.wanted = {v[0] for v in self._options.anchored_tensors.values()}
         return trainer

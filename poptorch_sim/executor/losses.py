@@ -20,7 +20,6 @@ from ..ops.loss import MANY_LOSSES, NO_LOSS
 __all__ = ["LossRecorder", "final_loss", "NO_LOSS", "MANY_LOSSES"]
 
 
-
 class LossRecorder(TorchFunctionMode):
     """Records every loss computed while active, in call order."""
 

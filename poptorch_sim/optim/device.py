@@ -13,7 +13,7 @@ from .lamb import LAMB
 from .snapshot import OptimizerSnapshot
 from .variants import AdamWNoBias, RMSpropTF
 
-__all__ = ["device_optimizer", "apply_hyperparameters", "prepare_gradients_"]
+__all__ = ["device_groups", "device_optimizer", "apply_hyperparameters", "prepare_gradients_"]
 
 # The hyper-parameters each device optimizer takes (velocity_scaling changes no numbers).
 _DEVICE_KEYS = {
@@ -51,6 +51,18 @@ def device_optimizer(
 
     >>> opt = device_optimizer(snapshot(user_opt, host_params), device_params)
     """
+    groups, defaults = device_groups(snap, params)
+    return _construct(snap, groups, defaults)
+
+
+def device_groups(
+    snap: OptimizerSnapshot, params: Sequence[torch.nn.Parameter]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The param groups (``params[i]`` for the snapshot's indices) and defaults of ``snap``.
+
+    Raises:
+        Error: ``params`` is shorter than the snapshot's largest index.
+    """
     highest = max((max(g.params) for g in snap.groups if g.params), default=-1)
     if highest >= len(params):
         raise Error(
@@ -62,8 +74,7 @@ def device_optimizer(
         {"params": [params[i] for i in g.params], **{k: g.values[k] for k in keys}}
         for g in snap.groups
     ]
-    defaults = {k: snap.defaults.values[k] for k in keys}
-    return _construct(snap, groups, defaults)
+    return groups, {k: snap.defaults.values[k] for k in keys}
 
 
 def _construct(

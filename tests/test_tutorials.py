@@ -1,0 +1,119 @@
+"""The tutorials run end to end as child processes (tiny settings) and print their accuracy."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from poptorch_sim.datasets import write_standin
+
+REPO = Path(__file__).resolve().parent.parent
+PIPELINE = REPO / "tutorials" / "pipelining" / "mnist_pipeline.py"
+SINGLE_IPU = REPO / "tutorials" / "single_ipu" / "train_mnist.py"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("mnist")
+    write_standin(root, num_train=1024, num_test=512, variants=4)
+    return root
+
+
+def _run(script: Path, *args: str, cwd: Path) -> str:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "POPTORCH_SIM_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{script.name} {' '.join(args)} exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
+        )
+    return proc.stdout
+
+
+def _test_accuracy(stdout: str) -> float:
+    """The figure after 'Accuracy on test set:', parsed as the tutorial's own test does."""
+    lines = [line for line in stdout.splitlines() if "Accuracy on test set:" in line]
+    assert len(lines) == 1, stdout[-2000:]
+    value = float(lines[0].split(": ")[-1].strip()[:-1])
+    assert 0.0 <= value <= 100.0
+    return value
+
+
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pipeline_accuracy_helper_lines_labels_up_with_the_last_rows() -> None:
+    accuracy = _load(PIPELINE).accuracy
+    predictions = torch.tensor([[0.9, 0.05, 0.05], [0.1, 0.5, 0.4], [0.6, 0.01, 0.39]])
+    assert accuracy(predictions[:2], torch.tensor([0, 1])) == 100.0
+    assert accuracy(predictions, torch.tensor([0, 1, 2])) == pytest.approx(200 / 3)
+    # Final output mode: two predictions are compared with the last two of four labels.
+    assert accuracy(predictions[:2], torch.tensor([2, 2, 0, 2])) == 50.0
+
+
+def test_pipeline_flags_match_graphcore_defaults() -> None:
+    args = _load(PIPELINE).parse_args([])
+    assert (args.batch_size, args.device_iterations, args.gradient_accumulation) == (40, 10, 10)
+    assert (args.test_batch_size, args.epochs, args.learning_rate) == (8, 3, 0.001)
+    assert (args.strategy, args.profile, args.profile_dir) == ("pipelined", False, "./profile")
+    assert not args.offload_optimiser and not args.debug
+
+
+SMALL = [
+    "--epochs", "1", "--batch-size", "8", "--device-iterations", "2",
+    "--gradient-accumulation", "8", "--test-batch-size", "8",
+    "--max-train-samples", "512", "--max-test-samples", "256",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--strategy", "pipelined"],
+        ["--strategy", "sharded", "--offload-optimiser", "--profile", "--debug"],
+    ],
+    ids=["pipelined", "sharded-offload-profile-debug"],
+)
+def test_pipeline_tutorial_runs(data_dir: Path, tmp_path: Path, extra: list[str]) -> None:
+    profile = tmp_path / "profile"
+    out = _run(
+        PIPELINE, *SMALL, *extra, "--data-dir", str(data_dir), "--profile-dir", str(profile),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert "generated stand-in" in out
+    assert "Training..." in out and "Testing..." in out
+    assert ("Profiling is enabled." in out) == ("--profile" in extra)
+    _test_accuracy(out)
+
+
+def test_single_ipu_tutorial_runs(data_dir: Path, tmp_path: Path) -> None:
+    out = _run(
+        SINGLE_IPU, "--batch-size", "16", "--device-iterations", "8", "--max-steps", "3",
+        "--test-batch-size", "32",
+        "--data-dir", str(data_dir), cwd=tmp_path,
+    )  # fmt: skip
+    assert "generated stand-in" in out
+    _test_accuracy(out)
