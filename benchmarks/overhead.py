@@ -75,7 +75,9 @@ def make_data(calls: int, rows_per_call: int) -> list[tuple[torch.Tensor, torch.
     ]
 
 
-def eager_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, data, micro_batch: int) -> None:
+def eager_epoch(
+    model: nn.Module, optimizer: torch.optim.Optimizer, data, micro_batch: int
+) -> None:
     """The plain PyTorch loop over every micro-batch of ``data``."""
     criterion = nn.CrossEntropyLoss()
     for images, labels in data:

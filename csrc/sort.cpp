@@ -101,6 +101,76 @@ bool stable_scatter(
   return true;
 }
 
+constexpr int kMsdBits = 11;
+
+// One most-significant-digit pass: items are counted by the 11-bit digit at `shift`, runs of
+// neighbouring digits are grouped so that each group fits in cache (a digit bigger than that
+// stays alone), and items are scattered stably by group. Fills `group_starts` (groups + 1).
+void grouped_scatter(
+    const uint64_t* src, uint64_t* dst, int64_t n, int shift, std::vector<uint32_t>& group_starts) {
+  constexpr uint32_t kMask = (1u << kMsdBits) - 1;
+  constexpr size_t kBuckets = size_t{1} << kMsdBits;
+  std::vector<uint32_t> counts(kBuckets * kStreams, 0u);
+  int64_t bounds[kStreams + 1];
+  for (int q = 0; q <= kStreams; ++q) {
+    bounds[q] = n / kStreams * q + std::min<int64_t>(q, n % kStreams);
+  }
+  for (int q = 0; q < kStreams; ++q) {
+    uint32_t* c = counts.data() + q * kBuckets;
+    for (int64_t i = bounds[q]; i < bounds[q + 1]; ++i) {
+      ++c[(src[i] >> shift) & kMask];
+    }
+  }
+  std::vector<uint16_t> group_of(kBuckets);
+  std::vector<uint32_t> group_sizes;
+  uint32_t open = 0;
+  for (size_t d = 0; d < kBuckets; ++d) {
+    uint32_t total = 0;
+    for (int q = 0; q < kStreams; ++q) {
+      total += counts[q * kBuckets + d];
+    }
+    if (group_sizes.empty() || (open > 0 && open + total > kCacheResident)) {
+      group_sizes.push_back(0);
+      open = 0;
+    }
+    group_of[d] = static_cast<uint16_t>(group_sizes.size() - 1);
+    group_sizes.back() += total;
+    open += total;
+  }
+  const size_t groups = group_sizes.size();
+  std::vector<uint32_t> cursors(groups * kStreams, 0u);
+  for (int q = 0; q < kStreams; ++q) {
+    for (size_t d = 0; d < kBuckets; ++d) {
+      cursors[q * groups + group_of[d]] += counts[q * kBuckets + d];
+    }
+  }
+  group_starts.assign(groups + 1, 0u);
+  uint32_t offset = 0;
+  for (size_t g = 0; g < groups; ++g) {
+    group_starts[g] = offset;
+    for (int q = 0; q < kStreams; ++q) {
+      const uint32_t count = cursors[q * groups + g];
+      cursors[q * groups + g] = offset;
+      offset += count;
+    }
+  }
+  group_starts[groups] = offset;
+  const int64_t shortest = n / kStreams;
+  uint32_t* cur = cursors.data();
+  const uint16_t* map = group_of.data();
+  for (int64_t i = 0; i < shortest; ++i) {
+    for (int q = 0; q < kStreams; ++q) {
+      const uint64_t item = src[bounds[q] + i];
+      dst[cur[q * groups + map[(item >> shift) & kMask]]++] = item;
+    }
+  }
+  for (int q = 0; q < kStreams; ++q) {
+    for (int64_t i = bounds[q] + shortest; i < bounds[q + 1]; ++i) {
+      dst[cur[q * groups + map[(src[i] >> shift) & kMask]]++] = src[i];
+    }
+  }
+}
+
 // LSD radix sort, 11-bit digits, over the bits [0, top] of the high words; result in `items`.
 void lsd_sort(uint64_t* items, uint64_t* scratch, int64_t n, int top) {
   constexpr int kBits = 11;
@@ -138,22 +208,13 @@ void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
     lsd_sort(items, scratch, n, top);
     return;
   }
-  constexpr int kMsdBits = 11;
   const int shift = std::max(0, top + 1 - kMsdBits);
-  std::vector<uint32_t> cursors;
-  std::vector<uint32_t> starts;
-  if (!stable_scatter(items, scratch, n, 32 + shift, (1u << kMsdBits) - 1, cursors, starts)) {
-    return;  // unreachable: bit `top` differs between some items
-  }
-  for (int b = 0; b < (1 << kMsdBits); ++b) {
-    const int64_t lo = starts[b];
-    const int64_t size = static_cast<int64_t>(starts[b + 1]) - lo;
-    if (size == 0) {
-      continue;
-    }
-    if (shift > 0) {
-      radix_sort_high_words(scratch + lo, items + lo, size);
-    }
+  std::vector<uint32_t> group_starts;
+  grouped_scatter(items, scratch, n, 32 + shift, group_starts);
+  for (size_t g = 0; g + 1 < group_starts.size(); ++g) {
+    const int64_t lo = group_starts[g];
+    const int64_t size = static_cast<int64_t>(group_starts[g + 1]) - lo;
+    radix_sort_high_words(scratch + lo, items + lo, size);
     std::memcpy(items + lo, scratch + lo, static_cast<size_t>(size) * sizeof(uint64_t));
   }
 }

@@ -10,7 +10,13 @@ import pytest
 import torch
 import torchvision
 
-from poptorch_sim.datasets import MNIST_FILES, ensure_mnist, mnist_standin, raw_folder, write_standin
+from poptorch_sim.datasets import (
+    MNIST_FILES,
+    ensure_mnist,
+    mnist_standin,
+    raw_folder,
+    write_standin,
+)
 
 NUM_TRAIN, NUM_TEST, NOISE, VARIANTS = 600, 200, 0.05, 4
 
@@ -18,7 +24,14 @@ NUM_TRAIN, NUM_TEST, NOISE, VARIANTS = 600, 200, 0.05, 4
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("standin")
-    write_standin(root, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=0, test_label_noise=NOISE, variants=VARIANTS)
+    write_standin(
+        root,
+        num_train=NUM_TRAIN,
+        num_test=NUM_TEST,
+        seed=0,
+        test_label_noise=NOISE,
+        variants=VARIANTS,
+    )
     return root
 
 
@@ -74,17 +87,40 @@ def test_idx_headers(standin: Path) -> None:
 
 
 def test_same_seed_same_bytes(standin: Path, tmp_path: Path) -> None:
-    write_standin(tmp_path, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=0, test_label_noise=NOISE, variants=VARIANTS)
+    write_standin(
+        tmp_path,
+        num_train=NUM_TRAIN,
+        num_test=NUM_TEST,
+        seed=0,
+        test_label_noise=NOISE,
+        variants=VARIANTS,
+    )
     assert _bytes(tmp_path) == _bytes(standin)
 
 
 def test_other_seed_other_images(standin: Path, tmp_path: Path) -> None:
-    write_standin(tmp_path, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=1, test_label_noise=NOISE, variants=VARIANTS)
+    write_standin(
+        tmp_path,
+        num_train=NUM_TRAIN,
+        num_test=NUM_TEST,
+        seed=1,
+        test_label_noise=NOISE,
+        variants=VARIANTS,
+    )
     assert not torch.equal(_read(tmp_path, True).data, _read(standin, True).data)
 
 
-def test_test_label_noise_changes_only_that_many_test_labels(standin: Path, tmp_path: Path) -> None:
-    write_standin(tmp_path, num_train=NUM_TRAIN, num_test=NUM_TEST, seed=0, test_label_noise=0.0, variants=VARIANTS)
+def test_test_label_noise_changes_only_that_many_test_labels(
+    standin: Path, tmp_path: Path
+) -> None:
+    write_standin(
+        tmp_path,
+        num_train=NUM_TRAIN,
+        num_test=NUM_TEST,
+        seed=0,
+        test_label_noise=0.0,
+        variants=VARIANTS,
+    )
     clean_train, noisy_train = _read(tmp_path, True), _read(standin, True)
     clean_test, noisy_test = _read(tmp_path, False), _read(standin, False)
     torch.testing.assert_close(clean_train.data, noisy_train.data)
@@ -135,7 +171,10 @@ def _fail_download(root: Path) -> bool:
 
 
 def test_real_files_are_used_untouched(
-    standin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_standin: list[Path],
+    standin: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    small_standin: list[Path],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     folder = raw_folder(tmp_path)
@@ -150,7 +189,9 @@ def test_real_files_are_used_untouched(
 
 
 def test_offline_generates_then_reuses(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_standin: list[Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    small_standin: list[Path],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("POPTORCH_SIM_OFFLINE", "1")
@@ -167,7 +208,9 @@ def test_failed_download_falls_back_to_standin(
 ) -> None:
     monkeypatch.delenv("POPTORCH_SIM_OFFLINE", raising=False)
     attempts: list[Path] = []
-    monkeypatch.setattr(mnist_standin, "_try_download", lambda root: attempts.append(root) or False)
+    monkeypatch.setattr(
+        mnist_standin, "_try_download", lambda root: attempts.append(root) or False
+    )
     assert ensure_mnist(tmp_path, verbose=False) == "generated"
     assert attempts == [tmp_path]
     assert small_standin == [tmp_path]
@@ -205,4 +248,6 @@ def test_command_line_writes_standin(
     monkeypatch.setattr(mnist_standin, "_try_download", _fail_download)
     main([str(tmp_path), "--offline"])
     assert small_standin == [tmp_path]
-    assert functools.reduce(lambda ok, n: ok and (raw_folder(tmp_path) / n).is_file(), MNIST_FILES, True)
+    assert functools.reduce(
+        lambda ok, n: ok and (raw_folder(tmp_path) / n).is_file(), MNIST_FILES, True
+    )

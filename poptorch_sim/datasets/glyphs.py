@@ -52,11 +52,10 @@ def _strokes() -> dict[int, list[list[Point]]]:
         2: [_arc(0.5, 0.3, 0.32, 0.27, -170, 30, 9) + [(0.14, 0.97), (0.88, 0.97)]],
         3: [_arc(0.47, 0.27, 0.3, 0.25, -160, 90, 9), _arc(0.47, 0.74, 0.35, 0.25, -90, 160, 9)],
         4: [[(0.64, 0.02), (0.1, 0.66), (0.9, 0.66)], [(0.66, 0.3), (0.66, 0.98)]],
-        5: [[(0.82, 0.03), (0.27, 0.03), (0.21, 0.45)] + _arc(0.48, 0.68, 0.34, 0.3, -135, 150, 9)],
-        6: [
-            [(0.74, 0.02), (0.45, 0.2), (0.24, 0.46)]
-            + _arc(0.5, 0.72, 0.3, 0.25, 180, 540, 13)
+        5: [
+            [(0.82, 0.03), (0.27, 0.03), (0.21, 0.45)] + _arc(0.48, 0.68, 0.34, 0.3, -135, 150, 9)
         ],
+        6: [[(0.74, 0.02), (0.45, 0.2), (0.24, 0.46)] + _arc(0.5, 0.72, 0.3, 0.25, 180, 540, 13)],
         7: [[(0.1, 0.04), (0.9, 0.04), (0.38, 0.98)]],
         8: [_arc(0.5, 0.26, 0.26, 0.23, 90, 450, 13), _arc(0.5, 0.73, 0.32, 0.26, -90, 270, 13)],
         9: [_arc(0.5, 0.3, 0.3, 0.27, 0, 360, 13), [(0.8, 0.32), (0.72, 0.98)]],
@@ -106,7 +105,9 @@ def _deform_points(points: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.where(pad[..., None], points, grid)
 
 
-def _render_strokes(points: torch.Tensor, segments: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+def _render_strokes(
+    points: torch.Tensor, segments: torch.Tensor, width: torch.Tensor
+) -> torch.Tensor:
     """Ink ``[T, R, R]`` in [0, 1] of pen strokes ``segments`` over ``points`` in grid coords."""
     r = _TEMPLATE_SIZE
     centres = (torch.arange(r, dtype=torch.float32) + 0.5) / r * 2 - 1
@@ -182,4 +183,6 @@ def render_split(labels: torch.Tensor, seed: int, variants: int = 64) -> torch.T
         gain = 0.75 + torch.rand(rows.numel(), 1, 1, 1, generator=gen) * 0.25
         noise = torch.randn(ink.shape, generator=gen) * 0.04
         images.append(((ink * gain + noise).clamp(0, 1) * 255).round().to(torch.uint8)[:, 0])
-    return torch.cat(images) if images else torch.zeros(0, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.uint8)
+    return (
+        torch.cat(images) if images else torch.zeros(0, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.uint8)
+    )

@@ -134,7 +134,6 @@ class EagerProgram:
         ga = layout.gradient_accumulation
         for d in range(layout.device_iterations):
             for a in range(ga):
-                keep = collector.wants(d, a)
                 for r in range(layout.replicas):
                     mb = layout.micro_batch(bound, d, a, r)
                     if self.training:
@@ -143,8 +142,7 @@ class EagerProgram:
                     else:
                         with torch.no_grad():
                             leaves, _ = self.forward(mb, r)
-                    if keep:
-                        collector.add(r, [_detach(t) for t in leaves])
+                    collector.add([_detach(t) for t in leaves])
             if step is not None:
                 step()
 

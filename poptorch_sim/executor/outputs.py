@@ -20,6 +20,7 @@ import torch
 
 from ..enums import OutputMode
 from ..errors import Error
+from ..kernels.streams import assemble
 from .batching import Layout
 
 __all__ = ["OutputCollector", "BACKWARD_ERROR", "block_backward", "demote"]
@@ -50,7 +51,11 @@ def block_backward(t: torch.Tensor) -> torch.Tensor:
 
 
 class OutputCollector:
-    """Keeps the micro-batch outputs an ``OutputMode`` needs, then joins them."""
+    """Gathers every micro-batch's output leaves, then joins each leaf per ``OutputMode``.
+
+    The joining is the device-iteration output stream of the kernel library
+    (``poptorch_sim.kernels.streams.assemble``): at most one copy per output.
+    """
 
     def __init__(self, mode: OutputMode, period: int, layout: Layout) -> None:
         di = layout.device_iterations
@@ -59,52 +64,33 @@ class OutputCollector:
                 f"Return period must be a factor of the number of batches per step and <= to "
                 f"it: output_return_period={period}, deviceIterations={di}"
             )
-        self._mode = mode
+        self._mode = mode.name
         self._period = period
         self._layout = layout
-        self._last = (di - 1, layout.gradient_accumulation - 1)
-        self._kept: list[list[Any]] = []
-        self._sums: list[list[torch.Tensor]] | None = None
+        self._rows: list[list[Any]] = []
 
-    def wants(self, d: int, a: int) -> bool:
-        """Whether the outputs of device iteration ``d``, step ``a`` are kept."""
-        if self._mode in (OutputMode.All, OutputMode.Sum):
-            return True
-        if self._mode == OutputMode.EveryN:
-            return (d + 1) % self._period == 0
-        return (d, a) == self._last
-
-    def add(self, r: int, leaves: list[Any]) -> None:
-        """Record the output leaves of one micro-batch of replica ``r`` (call in [DI,GA,R] order)."""
-        if self._mode != OutputMode.Sum:
-            self._kept.append(leaves)
-            return
-        if self._sums is None:
-            self._sums = [[] for _ in range(self._layout.replicas)]
-        sums = self._sums[r]
-        if not sums:
-            sums.extend(t.detach().clone() if isinstance(t, torch.Tensor) else t for t in leaves)
-        else:
-            for s, t in zip(sums, leaves):
-                if isinstance(s, torch.Tensor):
-                    s.add_(t)
+    def add(self, leaves: list[Any]) -> None:
+        """Record the output leaves of the next micro-batch (call in [DI, GA, R] order)."""
+        self._rows.append(leaves)
 
     def result(self) -> list[Any]:
         """The joined output leaves."""
-        rows = self._sums if self._mode == OutputMode.Sum else self._kept
-        if not rows:
+        if not self._rows:
             return []
+        lay = self._layout
         joined = []
-        for i, first in enumerate(rows[0]):
+        for i, first in enumerate(self._rows[0]):
             if not isinstance(first, torch.Tensor):
                 joined.append(first)
                 continue
-            parts = [row[i] for row in rows]
-            if len(parts) == 1:
-                out = parts[0]
-            elif first.dim() == 0:
-                out = torch.stack(parts)
-            else:
-                out = torch.cat(parts)
+            parts = [row[i] for row in self._rows]
+            out = assemble(
+                parts,
+                self._mode,
+                self._period,
+                lay.device_iterations,
+                lay.gradient_accumulation,
+                lay.replicas,
+            )
             joined.append(block_backward(demote(out.detach())))
         return joined

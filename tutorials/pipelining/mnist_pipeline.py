@@ -22,12 +22,12 @@ import argparse
 import json
 import os
 
-import poptorch
 import torch
 import torchvision
 from torch import nn
 from tqdm import tqdm
 
+import poptorch
 from poptorch_sim.datasets import ensure_mnist
 
 # The same seed every run, so two runs print the same numbers.
@@ -188,7 +188,9 @@ def train(training_model: poptorch.PoplarExecutor, training_data, epochs: int) -
         for images, labels in bar:
             predictions, losses = training_model(images, labels)
             loss = torch.mean(losses).item()
-            bar.set_description(f"Loss:{loss:0.4f} | Accuracy:{accuracy(predictions, labels):0.2f}%")
+            bar.set_description(
+                f"Loss:{loss:0.4f} | Accuracy:{accuracy(predictions, labels):0.2f}%"
+            )
 
 
 def test(inference_model: poptorch.PoplarExecutor, test_data) -> float:
@@ -206,7 +208,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     add("--batch-size", type=int, default=40, help="training micro-batch size (default: 40)")
     add("--device-iterations", type=int, default=10, help="device iterations (default: 10)")
-    add("--gradient-accumulation", type=int, default=10, help="micro-batches per step (default: 10)")
+    add(
+        "--gradient-accumulation",
+        type=int,
+        default=10,
+        help="micro-batches per step (default: 10)",
+    )
     add("--test-batch-size", type=int, default=8, help="test micro-batch size (default: 8)")
     add("--epochs", type=int, default=3, help="training epochs (default: 3)")
     add("--learning-rate", type=float, default=0.001, help="AdamW learning rate (default: 0.001)")

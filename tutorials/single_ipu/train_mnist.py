@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 
-import poptorch
 import torch
 import torchvision
 from torch import nn
 from tqdm import tqdm
 
+import poptorch
 from poptorch_sim.datasets import ensure_mnist
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -113,7 +113,9 @@ def evaluate(args: argparse.Namespace, model: Classifier) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Single-IPU MNIST training with PopTorch")
     parser.add_argument("--epochs", type=int, default=1, help="training epochs (default: 1)")
-    parser.add_argument("--batch-size", type=int, default=16, help="micro-batch size (default: 16)")
+    parser.add_argument(
+        "--batch-size", type=int, default=16, help="micro-batch size (default: 16)"
+    )
     parser.add_argument(
         "--device-iterations", type=int, default=50, help="device iterations (default: 50)"
     )
@@ -123,7 +125,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--test-batch-size", type=int, default=100, help="test micro-batch size (default: 100)"
     )
-    parser.add_argument("--learning-rate", type=float, default=0.001, help="Adam lr (default: 0.001)")
+    parser.add_argument(
+        "--learning-rate", type=float, default=0.001, help="Adam lr (default: 0.001)"
+    )
     parser.add_argument(
         "--data-dir", default="~/.torch/datasets", help="MNIST root (default: ~/.torch/datasets)"
     )
