@@ -38,7 +38,9 @@ class Row(NamedTuple):
     identical: bool
 
 
-def interleaved(ours: Callable[[], Any], ref: Callable[[], Any], repeats: int) -> tuple[float, float]:
+def interleaved(
+    ours: Callable[[], Any], ref: Callable[[], Any], repeats: int
+) -> tuple[float, float]:
     """Median seconds of ``ours`` and ``ref``, timed alternately after one warm-up each."""
     ours()
     ref()
@@ -61,22 +63,42 @@ def sort_rows(quick: bool) -> list[Row]:
     ref_values, ref_indices = torch.sort(x, stable=True)
     same = torch.equal(values, ref_values) and torch.equal(indices, ref_indices)
     rows = [
-        Row("sort", f"{n}", *interleaved(lambda: kernels.sort(x), lambda: torch.sort(x), repeats),
-            "torch.sort", same),
-        Row("sort", f"{n}", *interleaved(lambda: kernels.sort(x), lambda: np.sort(xn), repeats),
-            "np.sort (values only)", bool(np.array_equal(values.numpy(), np.sort(xn)))),
-        Row("argsort", f"{n}",
-            *interleaved(lambda: kernels.argsort(x), lambda: np.argsort(xn, kind="stable"),
-                         repeats),
-            "np.argsort stable", bool(np.array_equal(kernels.argsort(x).numpy(),
-                                                     np.argsort(xn, kind="stable")))),
+        Row(
+            "sort",
+            f"{n}",
+            *interleaved(lambda: kernels.sort(x), lambda: torch.sort(x), repeats),
+            "torch.sort",
+            same,
+        ),
+        Row(
+            "sort",
+            f"{n}",
+            *interleaved(lambda: kernels.sort(x), lambda: np.sort(xn), repeats),
+            "np.sort (values only)",
+            bool(np.array_equal(values.numpy(), np.sort(xn))),
+        ),
+        Row(
+            "argsort",
+            f"{n}",
+            *interleaved(
+                lambda: kernels.argsort(x), lambda: np.argsort(xn, kind="stable"), repeats
+            ),
+            "np.argsort stable",
+            bool(np.array_equal(kernels.argsort(x).numpy(), np.argsort(xn, kind="stable"))),
+        ),
     ]
     batch = torch.randn(256, 4096)
-    rows.append(Row("sort rows", "256x4096",
-                    *interleaved(lambda: kernels.sort(batch, dim=1),
-                                 lambda: torch.sort(batch, dim=1), repeats),
-                    "torch.sort", torch.equal(kernels.sort(batch, dim=1).values,
-                                              torch.sort(batch, dim=1).values)))
+    rows.append(
+        Row(
+            "sort rows",
+            "256x4096",
+            *interleaved(
+                lambda: kernels.sort(batch, dim=1), lambda: torch.sort(batch, dim=1), repeats
+            ),
+            "torch.sort",
+            torch.equal(kernels.sort(batch, dim=1).values, torch.sort(batch, dim=1).values),
+        )
+    )
     return rows
 
 
@@ -87,8 +109,9 @@ def topk_rows(quick: bool) -> list[Row]:
     ours = kernels.topk(x, 1000)
     ref = torch.topk(x, 1000)
     same = torch.equal(ours.values, ref.values) and torch.equal(ours.indices, ref.indices)
-    timing = interleaved(lambda: kernels.topk(x, 1000), lambda: torch.topk(x, 1000),
-                         3 if quick else 9)
+    timing = interleaved(
+        lambda: kernels.topk(x, 1000), lambda: torch.topk(x, 1000), 3 if quick else 9
+    )
     return [Row("topk k=1000", f"{n}", *timing, "torch.topk", same)]
 
 
@@ -109,12 +132,15 @@ def nms_rows(quick: bool) -> list[Row]:
     for n in (1000, 5000) if quick else (1000, 5000, 20000):
         for clustered in (False, True):
             boxes, scores = random_boxes(n, clustered)
-            same = torch.equal(kernels.nms(boxes, scores, 0.5),
-                               torchvision.ops.nms(boxes, scores, 0.5))
+            same = torch.equal(
+                kernels.nms(boxes, scores, 0.5), torchvision.ops.nms(boxes, scores, 0.5)
+            )
             repeats = 1 if quick else (3 if n >= 20000 else 7)
-            timing = interleaved(lambda b=boxes, s=scores: kernels.nms(b, s, 0.5),
-                                 lambda b=boxes, s=scores: torchvision.ops.nms(b, s, 0.5),
-                                 repeats)
+            timing = interleaved(
+                lambda b=boxes, s=scores: kernels.nms(b, s, 0.5),
+                lambda b=boxes, s=scores: torchvision.ops.nms(b, s, 0.5),
+                repeats,
+            )
             kind = "clustered" if clustered else "random"
             rows.append(Row("nms", f"{n} {kind}", *timing, "torchvision nms", same))
     return rows
@@ -164,8 +190,15 @@ def retinanet_rows(quick: bool) -> list[Row]:
 
     same = torch.equal(ours(), ref())
     size = f"5 levels x {sum(s.numel() for s, _ in levels)} scores"
-    return [Row("retinanet post", size, *interleaved(ours, ref, 3 if quick else 7),
-                "torch.topk + tv batched_nms", same)]
+    return [
+        Row(
+            "retinanet post",
+            size,
+            *interleaved(ours, ref, 3 if quick else 7),
+            "torch.topk + tv batched_nms",
+            same,
+        )
+    ]
 
 
 def optim_rows(quick: bool) -> list[Row]:
@@ -179,14 +212,18 @@ def optim_rows(quick: bool) -> list[Row]:
 
 def print_table(rows: list[Row]) -> None:
     """Prints the table: medians in ms and the speedup (reference / ours)."""
-    header = (f"{'op':<16}{'size':<30}{'ours ms':>10}{'ref ms':>10}{'speedup':>9}  "
-              f"{'identical':<10}reference")
+    header = (
+        f"{'op':<16}{'size':<30}{'ours ms':>10}{'ref ms':>10}{'speedup':>9}  "
+        f"{'identical':<10}reference"
+    )
     print(header)
     print("-" * len(header))
     for row in rows:
         ratio = row.reference / row.ours if row.ours > 0 else float("inf")
-        print(f"{row.op:<16}{row.size:<30}{row.ours * 1e3:>10.3f}{row.reference * 1e3:>10.3f}"
-              f"{ratio:>8.2f}x  {str(row.identical):<10}{row.reference_name}")
+        print(
+            f"{row.op:<16}{row.size:<30}{row.ours * 1e3:>10.3f}{row.reference * 1e3:>10.3f}"
+            f"{ratio:>8.2f}x  {str(row.identical):<10}{row.reference_name}"
+        )
 
 
 def main(argv: list[str] | None = None) -> list[Row]:
@@ -195,8 +232,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{kernels.num_tiles()} tiles")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{kernels.num_tiles()} tiles"
+    )
     kernels.reset_counters()
     rows = []
     for section in (sort_rows, topk_rows, nms_rows, retinanet_rows, optim_rows):

@@ -219,6 +219,121 @@ void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
   }
 }
 
+// [Note: scatter sort]
+// One row spread over T tiles in five supersteps, one of them a real exchange:
+//   1 build   each tile packs the items of its slice, noting which key bits differ
+//   2 count   each tile counts its items by the 11-bit digit below the highest differing bit
+//   3 (sync)  digit counts are summed; neighbouring digits form groups that fit in cache;
+//             every tile learns where its items of each group go (tile order keeps it stable)
+//   4 scatter each tile sends its items to their groups' places (the exchange)
+//   5 sort    groups are dealt out to tiles by position; each tile radix-sorts its groups
+// (the write-out of values and indices is one more superstep). A group that is one huge digit
+// (keys bunched below the digit) would leave one tile with most of the work; then the row
+// goes back to per-tile sorts and merges.
+uint64_t* scatter_sort_row(
+    int64_t n, int64_t tiles, KernelScope& scope, uint64_t* items, uint64_t* scratch,
+    const std::function<uint32_t(int64_t, int64_t)>& build) {
+  constexpr uint32_t kMask = (1u << kMsdBits) - 1;
+  constexpr int64_t kBuckets = int64_t{1} << kMsdBits;
+  std::vector<uint32_t> diffs(static_cast<size_t>(tiles), 0u);
+  scope.superstep(tiles, [&](int64_t tile) {
+    diffs[tile] = build(split_point(n, tiles, tile), split_point(n, tiles, tile + 1));
+  }, n);
+  uint32_t diff = 0;
+  for (uint32_t d : diffs) {
+    diff |= d;
+  }
+  if (diff == 0) {
+    return items;  // all keys equal: built in index order, already sorted
+  }
+  const int shift = 32 + std::max(0, 32 - __builtin_clz(diff) - kMsdBits);
+  const int64_t streams = tiles * kStreams;
+  std::vector<uint32_t> counts(static_cast<size_t>(streams * kBuckets), 0u);
+  scope.superstep(tiles, [&](int64_t tile) {
+    for (int64_t s = tile * kStreams; s < (tile + 1) * kStreams; ++s) {
+      uint32_t* c = counts.data() + s * kBuckets;
+      for (int64_t i = split_point(n, streams, s); i < split_point(n, streams, s + 1); ++i) {
+        ++c[(items[i] >> shift) & kMask];
+      }
+    }
+  }, n);
+  std::vector<uint16_t> group_of(kBuckets);
+  std::vector<int64_t> group_sizes;
+  int64_t open = 0;
+  for (int64_t d = 0; d < kBuckets; ++d) {
+    int64_t total = 0;
+    for (int64_t s = 0; s < streams; ++s) {
+      total += counts[s * kBuckets + d];
+    }
+    if (group_sizes.empty() || (open > 0 && open + total > kCacheResident)) {
+      group_sizes.push_back(0);
+      open = 0;
+    }
+    group_of[d] = static_cast<uint16_t>(group_sizes.size() - 1);
+    group_sizes.back() += total;
+    open += total;
+  }
+  const int64_t largest = *std::max_element(group_sizes.begin(), group_sizes.end());
+  if (largest > std::max<int64_t>(kCacheResident, 2 * n / tiles)) {
+    return nullptr;
+  }
+  const auto groups = static_cast<int64_t>(group_sizes.size());
+  std::vector<uint32_t> cursors(static_cast<size_t>(streams * groups), 0u);
+  for (int64_t s = 0; s < streams; ++s) {
+    for (int64_t d = 0; d < kBuckets; ++d) {
+      cursors[s * groups + group_of[d]] += counts[s * kBuckets + d];
+    }
+  }
+  std::vector<int64_t> group_starts(static_cast<size_t>(groups + 1), 0);
+  uint32_t offset = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    group_starts[g] = offset;
+    for (int64_t s = 0; s < streams; ++s) {
+      const uint32_t count = cursors[s * groups + g];
+      cursors[s * groups + g] = offset;
+      offset += count;
+    }
+  }
+  group_starts[groups] = n;
+  scope.superstep(tiles, [&](int64_t tile) {
+    // The tile's kStreams streams advance together so one bucket's cursor is not a chain.
+    const int64_t first = tile * kStreams;
+    int64_t pos[kStreams];
+    int64_t end[kStreams];
+    int64_t shortest = INT64_MAX;
+    for (int q = 0; q < kStreams; ++q) {
+      pos[q] = split_point(n, streams, first + q);
+      end[q] = split_point(n, streams, first + q + 1);
+      shortest = std::min(shortest, end[q] - pos[q]);
+    }
+    const uint16_t* map = group_of.data();
+    for (int64_t i = 0; i < shortest; ++i) {
+      for (int q = 0; q < kStreams; ++q) {
+        const uint64_t item = items[pos[q] + i];
+        scratch[cursors[(first + q) * groups + map[(item >> shift) & kMask]]++] = item;
+      }
+    }
+    for (int q = 0; q < kStreams; ++q) {
+      for (int64_t i = pos[q] + shortest; i < end[q]; ++i) {
+        scratch[cursors[(first + q) * groups + map[(items[i] >> shift) & kMask]]++] = items[i];
+      }
+    }
+  }, n);
+  scope.add_bytes_exchanged(n * static_cast<int64_t>(sizeof(uint64_t)));
+  scope.superstep(tiles, [&](int64_t tile) {
+    const int64_t lo = split_point(n, tiles, tile);
+    const int64_t hi = split_point(n, tiles, tile + 1);
+    const auto begin = std::lower_bound(group_starts.begin(), group_starts.end() - 1, lo);
+    for (auto it = begin; it != group_starts.end() - 1 && *it < hi; ++it) {
+      const int64_t size = *(it + 1) - *it;
+      radix_sort_high_words(scratch + *it, items + *it, size);
+    }
+  }, n);
+  const double log_chunk = std::max(1.0, std::log2(static_cast<double>(n) / tiles));
+  scope.add_compare_exchanges(static_cast<int64_t>(static_cast<double>(n) * log_chunk));
+  return scratch;
+}
+
 namespace {
 
 // Per-thread scratch memory that outlives a call, so large sorts do not page-fault fresh

@@ -8,7 +8,7 @@ import time
 
 from . import env
 
-__all__ = ["logger", "setLogLevel", "debug_once"]
+__all__ = ["logger", "setLogLevel", "setPopartLogLevel", "popart_log_level", "debug_once"]
 
 # PopTorch's level names, and the integers its setLogLevel accepts (5 is unused).
 _LEVELS = {
@@ -77,6 +77,45 @@ def setLogLevel(level: str | int) -> None:
             f"Unknown log level: {level}. Valid values are DEBUG, ERR, INFO, OFF, TRACE and WARN"
         )
     logger.setLevel(_LEVELS[name])
+
+
+# PopART's level names and the integers PopTorch passes to its C++ core for them.
+_POPART_LEVELS = {
+    "TRACE": 0,
+    "TRACE_ALL": 0,
+    "DEBUG": 1,
+    "DEBUG_IR": 1,
+    "INFO": 2,
+    "WARN": 3,
+    "ERR": 4,
+    "OFF": 6,
+}
+_popart_level = "WARN"
+
+
+def setPopartLogLevel(level: str) -> None:
+    """Set PopART's log level (PopTorch's ``poptorch._logging.setPopartLogLevel``).
+
+    Simulated: there is no PopART, so the level is only remembered (``popart_log_level()``);
+    nothing is ever logged under the ``popart:`` categories.
+
+    Args:
+        level: one of ``TRACE, TRACE_ALL, DEBUG, DEBUG_IR, INFO, WARN, ERR, OFF``.
+
+    Raises:
+        ValueError: ``level`` is not one of those strings (integers are refused too).
+
+    >>> setPopartLogLevel("INFO")
+    """
+    global _popart_level
+    if not isinstance(level, str) or level not in _POPART_LEVELS:
+        raise ValueError(f"Level must be one of {', '.join(_POPART_LEVELS)} (got {level!r})")
+    _popart_level = level
+
+
+def popart_log_level() -> str:
+    """The level last given to ``setPopartLogLevel`` (``WARN`` by default)."""
+    return _popart_level
 
 
 _said: set[str] = set()

@@ -8,6 +8,7 @@ from typing import Any
 from . import env
 from .errors import Error, RecoverableError, UnrecoverableError
 from .hardware import MK2_VERSION
+from .ipu_context import isRunningOnIpu
 
 __all__ = [
     "Error",
@@ -34,15 +35,61 @@ class TestErrorType(enum.IntEnum):
     PoplarLinkError = 7
 
 
+# What PopTorch's C++ test thrower raises per kind: (error class, ``type``, message).
+_TEST_ERRORS: dict[TestErrorType, tuple[type[Error], str, str]] = {
+    TestErrorType.Poptorch: (Error, "poptorch_cpp_error", "This is a PopTorch error"),
+    TestErrorType.Popart: (Error, "popart_exception", "This is a Popart error"),
+    TestErrorType.PopartInternal: (Error, "popart_internal_exception", "This is a Popart error"),
+    TestErrorType.Poplibs: (Error, "poplibs_exception", "This is a Poplibs error"),
+    TestErrorType.PoplarUnrecoverable: (
+        UnrecoverableError,
+        "poplar_unrecoverable_runtime_error",
+        "This is not recoverable",
+    ),
+    TestErrorType.PoplarUnknown: (
+        Error,
+        "poplar_unknown_runtime_error",
+        "Don't know what happened",
+    ),
+    TestErrorType.PoplarRecoverableFullReset: (
+        RecoverableError,
+        "poplar_recoverable_runtime_error",
+        "Reboot needed",
+    ),
+    TestErrorType.PoplarLinkError: (
+        Error,
+        "poplar_link_error",
+        "Link error. Output: Library -lfoo not found\ncheck path",
+    ),
+}
+
+# The nested log contexts PopTorch's thrower is inside when it raises.
+_TEST_LOCATION = "throwTestError::topLevel\n  throwTestError::bottomLevel"
+
+
 def _throwTestError(kind: TestErrorType) -> None:
-    """Raise the error PopTorch's backend raises for ``kind`` (used by PopTorch's tests)."""
-    if kind == TestErrorType.PoplarUnrecoverable:
-        raise UnrecoverableError("Test unrecoverable error")
-    if kind == TestErrorType.PoplarRecoverableFullReset:
-        raise RecoverableError("Test recoverable error", recovery_action="FULL_RESET")
-    if kind == TestErrorType.PoplarLinkError:
-        raise UnrecoverableError("Test link error", type="poplar_link_error")
-    raise Error(f"Test error of type {kind.name}", type=f"{kind.name.lower()}_error")
+    """Raise the error PopTorch's backend raises for ``kind`` (used by PopTorch's tests).
+
+    The error's ``str`` is PopTorch's long form (``In <file>:<line>: '<type>': <message>``, the
+    recovery action, then ``Error raised in:`` and the context); ``message`` holds only the
+    message and ``location`` only the context.
+
+    Raises:
+        Error: always; ``RecoverableError`` or ``UnrecoverableError`` for Poplar runtime kinds.
+    """
+    cls, type_, message = _TEST_ERRORS[TestErrorType(kind)]
+    long_message = f"In poptorch_core.py:0: '{type_}': {message}"
+    if cls is RecoverableError:
+        long_message += "\nRecovery action required: FULL_RESET"
+    long_message += f"\nError raised in:\n{_TEST_LOCATION}"
+    if cls is RecoverableError:
+        err: Error = RecoverableError(
+            long_message, type_, _TEST_LOCATION, recovery_action="FULL_RESET"
+        )
+    else:
+        err = cls(long_message, type_, _TEST_LOCATION)
+    err.message = message
+    raise err
 
 
 def _validateOptions(options: dict[str, Any]) -> None:
@@ -50,8 +97,13 @@ def _validateOptions(options: dict[str, Any]) -> None:
 
 
 def isCompilingWithDispatcher() -> bool:
-    """Always True: models are captured by tracing, never by the legacy JIT path."""
-    return True
+    """Whether a model is being captured for the IPU right now (PopTorch's dispatcher is active).
+
+    Simulated: True exactly while ``isRunningOnIpu()`` is, i.e. while poptorch_sim traces or
+    runs a model's ``forward``; False once that is over, including after a compilation that
+    failed.
+    """
+    return isRunningOnIpu()
 
 
 def ipuHardwareVersion(num_ipus: int = 1) -> int:

@@ -140,3 +140,85 @@ def test_set_log_level_errors() -> None:
         poptorch.setLogLevel(5)
     with pytest.raises(ValueError, match="Unknown log level: LOUD"):
         poptorch.setLogLevel("LOUD")
+
+
+@pytest.mark.parametrize(
+    ("kind", "cls", "type_"),
+    [
+        ("Poptorch", poptorch.Error, "poptorch_cpp_error"),
+        ("Popart", poptorch.Error, "popart_exception"),
+        ("PopartInternal", poptorch.Error, "popart_internal_exception"),
+        ("Poplibs", poptorch.Error, "poplibs_exception"),
+        ("PoplarUnrecoverable", poptorch.UnrecoverableError, "poplar_unrecoverable_runtime_error"),
+        ("PoplarUnknown", poptorch.Error, "poplar_unknown_runtime_error"),
+        (
+            "PoplarRecoverableFullReset",
+            poptorch.RecoverableError,
+            "poplar_recoverable_runtime_error",
+        ),
+        ("PoplarLinkError", poptorch.Error, "poplar_link_error"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_throw_test_error_kinds(kind: str, cls: type, type_: str) -> None:
+    from poptorch_sim.poptorch_core import TestErrorType, _throwTestError
+
+    with pytest.raises(poptorch.Error) as info:
+        _throwTestError(TestErrorType[kind])
+    err = info.value
+    assert type(err) is cls and err.type == type_
+    # The long form names the type and the nested contexts; message and location are split.
+    assert f"'{type_}': {err.message}" in str(err)
+    assert "throwTestError::topLevel" in str(err) and "throwTestError::bottomLevel" in str(err)
+    assert err.location.count("throwTestError::bottomLevel") == 1
+    assert "throwTestError" not in err.message
+
+
+def test_throw_test_error_recovery_action_and_link_output() -> None:
+    from poptorch_sim.poptorch_core import TestErrorType, _throwTestError
+
+    with pytest.raises(poptorch.RecoverableError) as info:
+        _throwTestError(TestErrorType.PoplarRecoverableFullReset)
+    assert info.value.recovery_action == "FULL_RESET"
+    assert "Recovery action required: FULL_RESET" in str(info.value)
+    with pytest.raises(poptorch.Error) as link:
+        _throwTestError(TestErrorType.PoplarLinkError)
+    assert "-lfoo not found" in link.value.message
+
+
+def test_is_compiling_with_dispatcher_only_inside_a_capture() -> None:
+    from poptorch_sim.ipu_context import running_on_ipu
+    from poptorch_sim.poptorch_core import isCompilingWithDispatcher
+
+    assert not isCompilingWithDispatcher()
+    with running_on_ipu():
+        assert isCompilingWithDispatcher()
+    model = poptorch.inferenceModel(nn.Linear(2, 2))
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        model(torch.ones(3, 3))  # fails inside forward
+    assert not isCompilingWithDispatcher()
+
+
+def test_set_popart_log_level() -> None:
+    from poptorch_sim import _logging
+    from poptorch_sim.logger import popart_log_level
+
+    with pytest.raises(ValueError, match="Level must be one of"):
+        _logging.setPopartLogLevel(0)
+    with pytest.raises(ValueError, match="Level must be one of .*got 'FOO'"):
+        _logging.setPopartLogLevel("FOO")
+    try:
+        _logging.setPopartLogLevel("TRACE_ALL")
+        assert popart_log_level() == "TRACE_ALL"
+    finally:
+        _logging.setPopartLogLevel("WARN")
+    assert _logging.setLogLevel is poptorch.setLogLevel
+
+
+def test_private_impl_names() -> None:
+    from poptorch_sim import _impl
+
+    assert _impl.isDispatchTracing() is False
+    assert _impl.isRunningOnIpu is poptorch.isRunningOnIpu
+    marker = object()
+    assert _impl._restoreWrapperIfNecessary(marker) is marker

@@ -26,7 +26,9 @@ def _distinct_scores(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor
 @pytest.mark.parametrize("n", [0, 1, 2, 50, 1000, 3000], ids=lambda n: f"n{n}")
 @pytest.mark.parametrize("clustered", [False, True], ids=["random", "clustered"])
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 0.5, 0.7, 1.0], ids=lambda t: f"iou{t}")
-def test_nms_keeps_exactly_what_torchvision_keeps(n: int, clustered: bool, threshold: float) -> None:
+def test_nms_keeps_exactly_what_torchvision_keeps(
+    n: int, clustered: bool, threshold: float
+) -> None:
     boxes, scores = _boxes(n, clustered), _distinct_scores(n)
     expected = torchvision.ops.nms(boxes, scores, threshold)
     torch.testing.assert_close(kernels.nms(boxes, scores, threshold), expected, rtol=0, atol=0)
@@ -48,8 +50,15 @@ def test_nms_ties_follow_torchvisions_stable_order() -> None:
 
 def test_nms_degenerate_boxes_match() -> None:
     boxes = torch.tensor(
-        [[0.0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 1], [0, 0, 1, 1],
-         [0, 0, float("inf"), 1], [-1, -1, 2, 2]]
+        [
+            [0.0, 0, 0, 0],
+            [0, 0, 0, 0],
+            [1, 1, 0, 0],
+            [0, 0, 1, 1],
+            [0, 0, 1, 1],
+            [0, 0, float("inf"), 1],
+            [-1, -1, 2, 2],
+        ]
     )
     scores = torch.tensor([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, float("nan")])
     expected = torchvision.ops.nms(boxes, scores, 0.5)
@@ -104,8 +113,16 @@ _NAN_BOX = torch.tensor([[0.0, float("nan"), 1, 1]])
             r"one class per box \(1\).*\[2\]",
         ),
     ],
-    ids=["box-width", "length", "scores-2d", "half", "dtype-mismatch", "nan", "float-idxs",
-         "idxs-length"],
+    ids=[
+        "box-width",
+        "length",
+        "scores-2d",
+        "half",
+        "dtype-mismatch",
+        "nan",
+        "float-idxs",
+        "idxs-length",
+    ],
 )
 def test_bad_input_raises_clear_errors(call, match: str) -> None:
     with pytest.raises(RuntimeError, match=match):

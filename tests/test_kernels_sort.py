@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import threading
+
+import numpy as np
 import pytest
 import torch
 
@@ -57,9 +61,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("descending", [False, True], ids=["ascending", "descending"])
 @pytest.mark.parametrize("length", [0, 1, 2, 7, 64, 1000, 40_000], ids=lambda n: f"n{n}")
-def test_sort_matches_stable_torch_sort(
-    dtype: torch.dtype, descending: bool, length: int
-) -> None:
+def test_sort_matches_stable_torch_sort(dtype: torch.dtype, descending: bool, length: int) -> None:
     _check_against_stable_sort(_sample((length,), dtype), -1, descending)
 
 
@@ -69,8 +71,11 @@ def test_sort_duplicates_keep_input_order(dtype: torch.dtype, descending: bool) 
     _check_against_stable_sort(_sample((3, 5000), dtype, duplicates=True), -1, descending)
 
 
-@pytest.mark.parametrize("shape,dim", [((4, 300), 0), ((5, 6, 7), 1), ((2, 3, 4), -3)],
-                         ids=["dim0", "middle", "negative"])
+@pytest.mark.parametrize(
+    "shape,dim",
+    [((4, 300), 0), ((5, 6, 7), 1), ((2, 3, 4), -3)],
+    ids=["dim0", "middle", "negative"],
+)
 def test_sort_any_dim(shape: tuple[int, ...], dim: int) -> None:
     _check_against_stable_sort(_sample(shape, torch.float32), dim, False)
 
@@ -214,3 +219,45 @@ def test_opcheck_with_gradients() -> None:
     x = torch.randn(3, 20, dtype=torch.float64, requires_grad=True)
     torch.library.opcheck(torch.ops.poptorch_sim.sort.default, (x, -1, False))
     torch.library.opcheck(torch.ops.poptorch_sim.topk.default, (x, 4, -1, True, True))
+
+
+def test_concurrent_callers_and_more_threads_than_cores() -> None:
+    # Simulated IPUs call kernels from several worker threads at once.
+    rows = [torch.randn(200_000) for _ in range(4)]
+    expected = [torch.sort(row, stable=True).indices for row in rows]
+    results: list[torch.Tensor | None] = [None] * len(rows)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+
+        def work(i: int) -> None:
+            results[i] = kernels.sort(rows[i]).indices
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(rows))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        torch.set_num_threads(previous)
+    for got, want in zip(results, expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _sort_in_child(queue: multiprocessing.Queue) -> None:
+    # numpy builds the data: torch's own OpenMP ops are not fork-safe after the parent used them.
+    x = torch.from_numpy(np.arange(100_000, 0, -1))
+    values = kernels.sort(x).values.numpy()
+    queue.put(bool(np.array_equal(values, np.arange(1, 100_001))))
+
+
+def test_sort_works_in_a_forked_child() -> None:
+    # DataLoader workers fork after the tile pool has started; the child must not deadlock.
+    kernels.sort(torch.randn(200_000))
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_sort_in_child, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) is True

@@ -555,8 +555,8 @@ def test_dynamic_update_matches_index_copy(dim, start):
                      "The start and end of a slice must be different.", id="size-zero"),
         pytest.param((None, None, 0, torch.tensor([0]), 3),
                      "src is 2 long along dimension 0 but size is 3", id="src-length"),
-        pytest.param((None, None, 0, torch.tensor([7]), 2), "the update [7, 9) along dimension 0 "
-                     "is outside the input", id="range"),
+        pytest.param((None, torch.ones(9), 0, torch.tensor([0]), 9), "the update is 9 long along "
+                     "dimension 0 but the input is only 8 long", id="too-long"),
     ],
 )  # fmt: skip
 def test_dynamic_update_errors(args, msg):
@@ -564,6 +564,26 @@ def test_dynamic_update_errors(args, msg):
     args = tuple(base[i] if i < 2 and a is None else a for i, a in enumerate(args))
     with pytest.raises(Error, match=re.escape(msg)):
         dynamic_update(*args)
+
+
+@pytest.mark.parametrize("start", [7, 21, -3], ids=["past-end", "far", "negative"])
+def test_dynamic_update_out_of_range_start_wraps(start):
+    x = torch.arange(8.0, requires_grad=True)
+    src = torch.tensor([-1.0, -2.0], requires_grad=True)
+    out = dynamic_update(x, src, 0, torch.tensor([start]), 2)
+    positions = torch.tensor([start % 8, (start + 1) % 8])
+    expected = torch.arange(8.0).index_copy(0, positions, src.detach())
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    assert src.grad is not None and torch.equal(src.grad, torch.ones(2))
+    assert x.grad is not None and x.grad[positions].eq(0).all()
+
+
+@pytest.mark.parametrize("start", [6, 20, -1], ids=["past-end", "far", "negative"])
+def test_dynamic_slice_out_of_range_start_wraps(start):
+    x = torch.arange(8.0)
+    out = dynamic_slice(x, 0, torch.tensor([start]), 4, 1)
+    torch.testing.assert_close(out, x[torch.arange(start, start + 4) % 8])
 
 
 # --------------------------------------------------------------------------- CPU

@@ -871,3 +871,79 @@ def test_import_partial_state_and_hyperparameters():
     assert_close(param["beta1___specific___0.weight"], torch.tensor(0.7))
     assert_close(param["beta2___specific___0.weight"], torch.tensor(0.999))
     import_state(device, snap, _names(model), None, None)  # nothing to write
+
+
+# --------------------------------------------------------------------------- host step
+
+
+def _host_steps(make_opt, steps: int = 3) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = _model()
+    opt = make_opt(model.parameters())
+    x = torch.randn(5, 4)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        opt.step()
+    return model
+
+
+def test_adamw_host_step_without_bias_correction_matches_device_variant() -> None:
+    kwargs = {"lr": 0.05, "weight_decay": 0.1}
+    ours = _host_steps(lambda p: AdamW(p, bias_correction=False, **kwargs))
+    device = _host_steps(lambda p: AdamWNoBias(p, **kwargs))
+    corrected = _host_steps(lambda p: torch.optim.AdamW(p, **kwargs))
+    for a, b, c in zip(ours.parameters(), device.parameters(), corrected.parameters()):
+        assert_close(a, b)
+        assert not torch.allclose(a, c)
+
+
+def test_adamw_host_step_with_bias_correction_is_torch() -> None:
+    ours = _host_steps(lambda p: AdamW(p, lr=0.05))
+    reference = _host_steps(lambda p: torch.optim.AdamW(p, lr=0.05))
+    for a, b in zip(ours.parameters(), reference.parameters()):
+        assert_close(a, b)
+
+
+# --------------------------------------------------------------------------- mean reduction
+
+
+def _frozen_options():
+    from poptorch_sim.options import Options
+
+    opts = Options()
+    opts._freeze()
+    return opts
+
+
+@pytest.mark.parametrize(
+    ("make_opt", "expected"),
+    [
+        (lambda p: Adam(p, accum_type=torch.float16), "Running"),
+        (lambda p: SGD(p, lr=0.1, accum_type=torch.float16, use_combined_accum=False), "Running"),
+        (lambda p: SGD(p, lr=0.1, accum_type=torch.float16, use_combined_accum=True), "Post"),
+        (lambda p: Adam(p), "Post"),
+        (lambda p: torch.optim.Adam(p), "Post"),
+    ],
+    ids=["adam-fp16", "sgd2-fp16", "sgd1-fp16", "adam-fp32", "torch-adam"],
+)
+def test_mean_reduction_strategy_follows_accum_type(make_opt, expected) -> None:
+    from poptorch_sim.enums import MeanReductionStrategy
+    from poptorch_sim.optim.reduction import apply_mean_reduction_strategy
+
+    opts = _frozen_options()
+    apply_mean_reduction_strategy(make_opt(_model().parameters()), opts, compiled=False)
+    strategy = opts.Training.meanAccumulationAndReplicationReductionStrategy
+    assert strategy == MeanReductionStrategy[expected]
+    assert opts._is_frozen
+
+
+def test_mean_reduction_strategy_cannot_change_after_compilation() -> None:
+    from poptorch_sim.optim.reduction import apply_mean_reduction_strategy
+
+    opts = _frozen_options()
+    opt = Adam(_model().parameters(), accum_type=torch.float16)
+    with pytest.raises(ValueError, match="the executable is already compiled"):
+        apply_mean_reduction_strategy(opt, opts, compiled=True)
+    apply_mean_reduction_strategy(opt, opts, compiled=False)
+    apply_mean_reduction_strategy(opt, opts, compiled=True)  # already Running: fine

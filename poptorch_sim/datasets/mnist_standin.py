@@ -8,7 +8,7 @@ that way runs on a machine without network access.
 The stand-in (:func:`write_standin`) has MNIST's format, sizes and pixel statistics and ten
 learnable digit classes drawn by :mod:`.glyphs`. It is harder than a toy set but easier than
 real handwriting, so a small fraction of its *test* labels is deliberately wrong: a small CNN
-scores about 98.5-99% rather than a perfect 100%, and tests that expect MNIST-like accuracy
+scores about 98-99% rather than a perfect 100%, and tests that expect MNIST-like accuracy
 (for instance ``97.5 < accuracy < 99.9``) still mean something.
 
 Simulated: accuracy figures obtained on the stand-in are not MNIST results.
@@ -215,24 +215,26 @@ def ensure_mnist(
     folder = raw_folder(root)
     version = _standin_version(folder)
     want_download = (not env.offline()) if download is None else download
+    fresh = False
     if _has_files(folder) and version is None:
         source: Source = "real"
     elif _has_files(folder) and version == STANDIN_VERSION:
-        source = "generated"
+        source, fresh = "generated", False
     elif version is None and want_download and _try_download(folder.parent.parent):
         source = "downloaded"
     else:
         write_standin(folder.parent.parent, seed=seed)
-        source = "generated"
+        source, fresh = "generated", True
     if verbose:
-        print(_describe(source, folder), flush=True)
+        print(_describe(source, folder, fresh), flush=True)
     return source
 
 
-def _describe(source: Source, folder: Path) -> str:
-    if source == "generated":
-        return (
-            f"MNIST: real data not found and not downloadable; using the generated stand-in "
-            f"in {folder} ({IMAGE_SIZE}x{IMAGE_SIZE} synthetic digits, not MNIST results)"
-        )
-    return f"MNIST: using {source} MNIST in {folder}"
+def _describe(source: Source, folder: Path, fresh: bool) -> str:
+    if source != "generated":
+        return f"MNIST: using {source} MNIST in {folder}"
+    why = "real MNIST not found and not downloaded; " if fresh else ""
+    return (
+        f"MNIST: {why}using the generated stand-in in {folder} "
+        f"({IMAGE_SIZE}x{IMAGE_SIZE} synthetic digits; accuracies on it are not MNIST results)"
+    )

@@ -8,6 +8,7 @@ pipeline (or one at a time through the shards), and the executor steps the optim
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import weakref
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from .inputs import BoundArgs
 from .outputs import OutputCollector
 
 __all__ = ["StagedRunner"]
+
+_serial = itertools.count()
 
 
 class StagedRunner:
@@ -56,7 +59,10 @@ class StagedRunner:
         self.profile_dir: str | None = options.profile_dir
         self.trace = TraceRecorder() if self.profile_dir else None
         self.runtime = PipelineRuntime(self.program, training=training, trace=self.trace)
-        finalizer = weakref.finalize(self, _close, self.runtime, self.trace, self.profile_dir)
+        name = f"execution_trace_{'training' if training else 'inference'}_{next(_serial)}.json"
+        finalizer = weakref.finalize(
+            self, _close, self.runtime, self.trace, self.profile_dir, name
+        )
         atexit.register(finalizer)
         self._finalizer = finalizer
 

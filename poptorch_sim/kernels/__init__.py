@@ -35,6 +35,8 @@ except ModuleNotFoundError as error:  # optim.py not written yet in this checkou
 
 if _optim is not None:
     from .optim import (
+        KINDS,
+        TILE_ELEMENTS,
         FusedOptimizer,
         accumulate_,
         accumulate_many_,
@@ -48,6 +50,8 @@ if _optim is not None:
     )
 
     __all__ += [
+        "KINDS",
+        "TILE_ELEMENTS",
         "FusedOptimizer",
         "accumulate_",
         "accumulate_many_",

@@ -208,9 +208,7 @@ def _nms_fake(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
 
 
 @torch.library.register_fake("poptorch_sim::batched_nms")
-def _batched_nms_fake(
-    boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float
-) -> Tensor:
+def _batched_nms_fake(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
     return _nms_fake_result(boxes)
 
 

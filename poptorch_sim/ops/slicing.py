@@ -3,6 +3,12 @@
 The slice has a static ``size``; only its start is known at run time. Numerically both follow
 PopTorch's CPU implementations: ``tensor[..., start:start + size:step]`` along ``dim`` and
 ``torch.slice_scatter``, and both are differentiable.
+
+[Note: dynamic slice offsets] The start is data, so it may be out of range (a model compiled
+with one index tensor and run with another, or an index that walks past the end). On the
+IPU, PopLibs' dynamic slice vertices compute positions modulo the sliced dimension's length,
+and never fail. Both ops do the same: an out-of-range slice wraps around, element ``i`` being
+position ``(start + i) % length``; in-range slices are the plain slices above.
 """
 
 from __future__ import annotations
@@ -93,8 +99,12 @@ def dynamic_slice(
             f"The size of the slice ({size}) must be a factor of the slicing dimension ({length})."
         )
     first = _start_index(start)
-    index = [slice(None)] * dim + [slice(first, first + size, step)]
-    return tensor[tuple(index)]
+    if 0 <= first and first + size <= length:
+        index = [slice(None)] * dim + [slice(first, first + size, step)]
+        return tensor[tuple(index)]
+    # See [Note: dynamic slice offsets]
+    positions = torch.arange(first, first + size, step, device=tensor.device) % length
+    return tensor.index_select(dim, positions)
 
 
 def _check_update_args(
@@ -161,9 +171,14 @@ def dynamic_update(
             f"dynamic_update: src is {src.shape[dim]} long along dimension {dim} but size is "
             f"{size}; they must be equal."
         )
-    if first < 0 or end > input.shape[dim]:
+    length = input.shape[dim]
+    if size > length:
         raise createPoptorchError(
-            f"dynamic_update: the update [{first}, {end}) along dimension {dim} is outside "
-            f"the input, which is {input.shape[dim]} long."
+            f"dynamic_update: the update is {size} long along dimension {dim} but the input "
+            f"is only {length} long."
         )
-    return torch.slice_scatter(input, src, dim, first, end, 1)
+    if 0 <= first and end <= length:
+        return torch.slice_scatter(input, src, dim, first, end, 1)
+    # See [Note: dynamic slice offsets]
+    positions = torch.arange(first, end, device=input.device) % length
+    return input.index_copy(dim, positions, src)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
 
 from .base import Optimizer, check_accum_types, explicit_args, init_torch_parent
+from .variants import adamw_no_bias_update
 
 __all__ = ["Adam", "AdamW"]
 
@@ -102,6 +103,10 @@ class AdamW(Optimizer, torch.optim.AdamW):
     with ``bias_correction=False`` the moments are used without bias correction. torch's
     default ``weight_decay`` of 1e-2 is the value that counts as "constant".
 
+    Simulated: ``step()`` on the host honours ``bias_correction=False`` too, so a model
+    trained on the CPU with this optimizer follows the same numbers as the IPU; PopTorch's
+    host ``step()`` is torch's and always corrects the bias.
+
     Args:
         params: parameters or parameter groups to optimize.
         lr: learning rate (default 1e-3).
@@ -167,3 +172,18 @@ class AdamW(Optimizer, torch.optim.AdamW):
         accum = (accum_type, first_order_momentum_accum_type, second_order_momentum_accum_type)
         _set_adam_extras(self, loss_scaling, accum, max_grad_norm)
         self._track_variables(explicit)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """One host update: torch's AdamW, or without bias correction when it is disabled."""
+        if self.bias_correction:
+            return torch.optim.AdamW.step(self, closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    adamw_no_bias_update(p, p.grad, self.state[p], group)
+        return loss

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["AdamWNoBias", "RMSpropTF"]
+__all__ = ["AdamWNoBias", "RMSpropTF", "adamw_no_bias_update"]
 
 
 class _PerParameter(torch.optim.Optimizer):
@@ -58,17 +58,31 @@ class AdamWNoBias(_PerParameter):
     def _update(
         self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
     ) -> None:
-        if not state:
-            state["step"] = 0
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["step"] += 1
-        beta1, beta2 = group["betas"]
-        p.mul_(1 - group["lr"] * group["weight_decay"])
-        state["exp_avg"].lerp_(grad, 1 - beta1)
-        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        denom = state["exp_avg_sq"].sqrt().add_(group["eps"])
-        p.addcdiv_(state["exp_avg"], denom, value=-group["lr"])
+        adamw_no_bias_update(p, grad, state, group)
+
+
+def adamw_no_bias_update(
+    p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
+) -> None:
+    """One AdamW update of ``p`` in place, its moments used without bias correction.
+
+    ``state`` holds torch's AdamW keys (``step``, ``exp_avg``, ``exp_avg_sq``; created when
+    empty); ``group`` gives ``lr``, ``betas``, ``eps``, ``weight_decay`` and optionally
+    ``maximize``.
+    """
+    if not state:
+        state["step"] = torch.tensor(0.0)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    if group.get("maximize", False):
+        grad = -grad
+    state["step"] += 1
+    beta1, beta2 = group["betas"]
+    p.mul_(1 - group["lr"] * group["weight_decay"])
+    state["exp_avg"].lerp_(grad, 1 - beta1)
+    state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denom = state["exp_avg_sq"].sqrt().add_(group["eps"])
+    p.addcdiv_(state["exp_avg"], denom, value=-group["lr"])
 
 
 class RMSpropTF(_PerParameter):

@@ -417,7 +417,14 @@ class Options(OptionsDict):
         values = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
         groups = ", ".join(
             f"{name}={getattr(self, name)!r}"
-            for name in ("Distributed", "Jit", "Precision", "TensorLocations", "Training")
+            for name in (
+                "Distributed",
+                "Jit",
+                "Precision",
+                "TensorLocations",
+                "Training",
+                "_Popart",
+            )
         )
         return f"Options({values}, {groups})"
 
