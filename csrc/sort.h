@@ -203,7 +203,7 @@ Item* merge_tiles(Item* buf, Item* scratch, int64_t n, int64_t tiles, KernelScop
 // Rows at least this long take the scatter sort when spread over several tiles.
 constexpr int64_t kScatterSortMin = int64_t{1} << 16;
 
-// Sorts packed items of one row with one exchange (see [Note: scatter sort] in sort.cpp).
+// Sorts packed items of one row with one exchange (see [Note: scatter sort] in radix.cpp).
 // `build(lo, hi)` fills items[lo, hi) in index order and returns the OR of the bits in which
 // their high words differ from item 0's. Returns the buffer holding the result, or nullptr
 // when the keys are too skewed to spread over the tiles (items then hold the built items).

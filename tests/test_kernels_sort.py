@@ -183,14 +183,24 @@ def test_bad_input_raises_clear_errors(call, error: type, match: str) -> None:
 def test_engine_counts_supersteps_and_exchange() -> None:
     kernels.reset_counters()
     with kernels.tiles(4):
-        kernels.sort(torch.randn(100_000))
+        kernels.sort(torch.randn(100_000))  # scatter sort: build, count, scatter, sort, write
+        kernels.sort(torch.randn(1000))  # short row: local sorts, log2(4) merges
     stats = kernels.counters()["sort"]
-    assert stats.calls == 1
-    assert stats.supersteps == 1 + 2 + 1  # local sorts, log2(4) merges, write-out
-    assert stats.bytes_exchanged == 2 * 100_000 * 8
+    assert stats.calls == 2
+    assert stats.supersteps == 5 + (1 + 2)
+    assert stats.bytes_exchanged == 100_000 * 8 + 2 * 1000 * 8
     assert stats.compare_exchanges > 100_000
     kernels.reset_counters()
     assert "sort" not in kernels.counters()
+
+
+def test_skewed_keys_fall_back_to_merging() -> None:
+    # Most keys share the top digit under a few far outliers: one group would hold them all.
+    x = torch.cat([1.0 + torch.arange(200_000) * 1e-7, torch.tensor([1e30, -1e30])])
+    kernels.reset_counters()
+    with kernels.tiles(4):
+        _check_against_stable_sort(x, -1, True)
+    assert kernels.counters()["sort"].supersteps == 2 + 1 + 2 + 1  # declined, sort, merge, write
 
 
 def test_tiles_context_restores_setting() -> None:

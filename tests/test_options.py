@@ -131,6 +131,16 @@ def test_repr_names_values_and_groups() -> None:
     assert "Training=_TrainingOptions(gradient_accumulation=1" in text
 
 
+def test_repr_shows_popart_options() -> None:
+    ref = repr(poptorch.Options())
+    fpe = poptorch.Options()
+    fpe.Precision.enableFloatingPointExceptions(True)
+    popart = poptorch.Options()
+    popart._Popart.set("saveInitializersToFile", "my_file.onnx")
+    assert repr(fpe) != ref and "'enableFloatingPointChecks': True" in repr(fpe)
+    assert repr(popart).endswith("'saveInitializersToFile': 'my_file.onnx'}))")
+
+
 def test_option_without_effect_is_stored_and_logged(capfd: pytest.CaptureFixture[str]) -> None:
     poptorch.setLogLevel("DEBUG")
     try:

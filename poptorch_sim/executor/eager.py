@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import Error
 from ..ipu_context import running_on_ipu
+from ..ops.blocks import recording_blocks
 from ..ops.control import training_graph
 from ..ops.printing import prints_suppressed
 from .batching import Layout
@@ -64,6 +65,7 @@ class EagerProgram:
         self.buffers = buffers
         self.broadcast_replicas = broadcast_replicas
         self.loss: LossLocator | None = None
+        self.blocks_seen = False
         self.out_spec: pytree.TreeSpec | None = None
 
     def prepare(self, mb: BoundArgs, check_unchanged: Callable[[], None]) -> None:
@@ -77,12 +79,18 @@ class EagerProgram:
         saved = [b.detach().clone() for b in self.model.buffers()]
         rng = torch.get_rng_state()
         before = buffer_versions(self.model)
+        spotter = _BlockSpotter()
         try:
-            with torch.set_grad_enabled(self.training), prints_suppressed():
+            with (
+                torch.set_grad_enabled(self.training),
+                prints_suppressed(),
+                recording_blocks(spotter),
+            ):
                 if self.training:
                     self._first_forward(mb)
                 else:
                     self.forward(mb, 0)
+            self.blocks_seen = spotter.seen
             check_unchanged()
             if self.broadcast_replicas:
                 check_buffer_broadcast(self.model, before)
@@ -145,6 +153,27 @@ class EagerProgram:
                     collector.add([_detach(t) for t in leaves])
             if step is not None:
                 step()
+
+
+class _BlockSpotter:
+    """A block recorder that only notes whether ``forward`` entered any block."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._auto = 0
+
+    def begin_block(self, user_id: str | None, ipu_id: int | None) -> None:
+        self.seen = True
+
+    def end_block(self) -> None:
+        pass
+
+    def next_auto_id(self) -> str:
+        self._auto += 1
+        return str(self._auto - 1)
+
+    def reset_auto_id(self) -> None:
+        self._auto = 0
 
 
 def _detach(t: Any) -> Any:

@@ -15,11 +15,10 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..compiler import uses_blocks
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
-from ..ipu_context import running_on_ipu
 from ..logger import logger
+from ..ops.blocks import uses_begin_block
 from ..optim import SGD
 from ..optim.replacement import check_update
 from ..optim.snapshot import OptimizerSnapshot, snapshot
@@ -159,18 +158,19 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
         self, device: DeviceCopy, bound: BoundArgs, layout: Layout
     ) -> EagerProgram | StagedRunner:
         first = layout.micro_batch(bound.map_tensors(_to_device_dtype), 0, 0, 0)
-        with running_on_ipu():
-            staged = uses_blocks(device.model, self._options, first.args, first.kwargs)
-        if staged:
-            return StagedRunner(device.model, self._options, first, self._training)
-        replicated = layout.replicas > 1
-        broadcast = self._options.broadcast_buffers
-        buffers = (
-            ReplicaBuffers(device.model, layout.replicas) if replicated and not broadcast else None
-        )
-        program = EagerProgram(device.model, self._training, buffers, replicated and broadcast)
-        program.prepare(first, device.check_unchanged)
-        return program
+        if not uses_begin_block(device.model):
+            replicated = layout.replicas > 1
+            broadcast = self._options.broadcast_buffers
+            buffers = (
+                ReplicaBuffers(device.model, layout.replicas)
+                if replicated and not broadcast
+                else None
+            )
+            program = EagerProgram(device.model, self._training, buffers, replicated and broadcast)
+            program.prepare(first, device.check_unchanged)
+            if not program.blocks_seen:
+                return program
+        return StagedRunner(device.model, self._options, first, self._training)
 
     def _build_trainer(self, device: DeviceCopy, layout: Layout) -> DeviceTrainer:
         assert self._optimizer is not None and self._snapshot is not None

@@ -56,7 +56,7 @@ def sort(
         IndexError: ``dim`` out of range.
 
     >>> sort(torch.tensor([3.0, float("nan"), -1.0])).values
-    tensor([-1., 3., nan])
+    tensor([-1.,  3., nan])
     """
     del stable
     _check_device("sort", input)
