@@ -205,3 +205,62 @@ def test_executor_forwards_attributes_to_model() -> None:
     assert training.lin is module.lin
     assert training.model is module
     assert training.options.Training.gradient_accumulation == 1
+
+
+def test_keyword_only_after_variadic_positional() -> None:
+    class Star(nn.Module):
+        def forward(self, *xs: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+            total = sum(xs)
+            return total if z is None else total + z
+
+    model = poptorch.inferenceModel(Star())
+    out = model(torch.ones(2), torch.ones(2), z=torch.ones(2))
+    torch.testing.assert_close(out, torch.full((2,), 3.0))
+
+
+def test_custom_argument_type_is_split_into_micro_batches() -> None:
+    class Pair:
+        def __init__(self, a: torch.Tensor, b: torch.Tensor) -> None:
+            self.a, self.b = a, b
+
+    class PairParser(poptorch.ICustomArgParser):
+        def yieldTensors(self, struct: Pair):
+            yield struct.a
+            yield struct.b
+
+        def reconstruct(self, original: Pair, tensors):
+            return Pair(next(tensors), next(tensors))
+
+    class UsesPair(nn.Module):
+        def forward(self, p: Pair) -> torch.Tensor:
+            return p.a * p.b
+
+    poptorch.registerCustomArgParser(Pair, PairParser())
+    try:
+        model = poptorch.inferenceModel(UsesPair(), poptorch.Options().deviceIterations(3))
+        a, b = torch.randn(6, 2), torch.randn(6, 2)
+        torch.testing.assert_close(model(Pair(a, b)), a * b)
+    finally:
+        poptorch.registerCustomArgParser(Pair, None)
+
+
+def test_unknown_updatable_buffer_is_an_error() -> None:
+    opts = poptorch.Options().updatableNamedBuffers(["nope"])
+    model = poptorch.inferenceModel(nn.BatchNorm1d(2), opts)
+    with pytest.raises(poptorch.Error, match="Invalid updatable buffer nope"):
+        model(torch.randn(4, 2))
+
+
+def test_wrapped_model_can_destroy_its_executor() -> None:
+    module = Net()
+    training = poptorch.trainingModel(module)
+    training(*_data())
+    module.destroy()
+    assert not training.isCompiled()
+    poptorch.trainingModel(module)  # re-wrapping is allowed again
+
+
+def test_repr_shows_begin_block_assignments() -> None:
+    module = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    module[1] = poptorch.BeginBlock(module[1], "B2", ipu_id=1)
+    assert "BeginBlock(user_id=B2, ipu_id=1)" in repr(poptorch.inferenceModel(module))

@@ -16,7 +16,6 @@ from .tracer import Trace
 __all__ = ["find_final_loss", "NO_LOSS", "MANY_LOSSES"]
 
 
-
 def _is_loss(node: fx.Node, trace: Trace) -> bool:
     if node.op == "call_module":
         return is_loss_callable(trace.resolve(str(node.target)))

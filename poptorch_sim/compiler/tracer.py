@@ -278,6 +278,28 @@ def _identity_loss_as_leaf(tracer: _SimTracer) -> Iterator[None]:
             namespace["identity_loss"] = _IDENTITY_LOSS
 
 
+@contextmanager
+def _module_state_restored(model: nn.Module) -> Iterator[None]:
+    """Undo what ``forward`` assigned to the modules while traced (``self.buf += x`` stores a
+    Proxy in ``_buffers``; ``self.attr = x`` one in ``__dict__``)."""
+    saved = [
+        (m, dict(m.__dict__), dict(m._buffers), dict(m._parameters), dict(m._modules))
+        for m in model.modules()
+    ]
+    try:
+        yield
+    finally:
+        for m, attrs, buffers, params, modules in saved:
+            for store, old in (
+                (m._buffers, buffers),
+                (m._parameters, params),
+                (m._modules, modules),
+                (m.__dict__, attrs),
+            ):
+                store.clear()
+                store.update(old)
+
+
 def _run(tracer: _SimTracer, model: nn.Module) -> fx.Graph:
     with (
         _TRACE_LOCK,
@@ -285,6 +307,7 @@ def _run(tracer: _SimTracer, model: nn.Module) -> fx.Graph:
         running_on_ipu(),
         recording_blocks(tracer.recorder),
         _identity_loss_as_leaf(tracer),
+        _module_state_restored(model),
     ):
         try:
             return tracer.trace(model)

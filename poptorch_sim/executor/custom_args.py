@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 __all__ = ["ICustomArgParser", "registerCustomArgParser", "parser_for"]
 
@@ -39,6 +40,24 @@ def registerCustomArgParser(arg_data_type: type, arg_parser: ICustomArgParser | 
             f"arg_parser must be an ICustomArgParser, got {type(arg_parser).__name__}"
         )
     _parsers[arg_data_type] = arg_parser
+    _register_pytree(arg_data_type)
+
+
+def _register_pytree(cls: type) -> None:
+    # Outputs are flattened with torch's pytree: teach it the custom type, so its tensors are
+    # joined over micro-batches like any other output.
+    if cls in pytree.SUPPORTED_NODES:
+        return
+
+    def flatten(obj: Any) -> tuple[list[Any], Any]:
+        parser = _parsers.get(cls)  # None once unregistered: the object is kept whole
+        return (list(parser.yieldTensors(obj)) if parser else []), obj
+
+    def unflatten(children: Any, obj: Any) -> Any:
+        parser = _parsers.get(cls)
+        return parser.reconstruct(obj, iter(children)) if parser else obj
+
+    pytree.register_pytree_node(cls, flatten, unflatten)
 
 
 def parser_for(value: Any) -> ICustomArgParser | None:

@@ -17,12 +17,15 @@ from torch.utils import _pytree as pytree
 
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
+from ..hardware import ipuHardwareIsAvailable
 from ..logger import logger
 from ..ops.blocks import uses_begin_block
 from ..optim import SGD
+from ..optim.reduction import apply_mean_reduction_strategy
 from ..optim.replacement import check_update
 from ..optim.snapshot import OptimizerSnapshot, snapshot
 from ..options import Options
+from ..printing import module_repr
 from . import hooks
 from .batching import Layout, check_batch
 from .eager import EagerProgram
@@ -140,6 +143,12 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
         check_batch(bound, layout)
         bar.update(10)
         device = DeviceCopy(self._user_model)
+        _check_updatable_buffers(self._options, device.model)
+        if (
+            self._options._Popart.options.get("instrumentWithHardwareCycleCounter")
+            and not ipuHardwareIsAvailable()
+        ):
+            raise Error("Cycle count logging is only supported on actual IPU hardware.")
         program = self._build_program(device, bound, layout)
         bar.update(80)
         trainer = self._build_trainer(device, layout) if self._training else None
@@ -191,6 +200,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
     def _take_snapshot(
         self, optimizer: torch.optim.Optimizer, previous: OptimizerSnapshot | None = None
     ) -> OptimizerSnapshot:
+        apply_mean_reduction_strategy(optimizer, self._options, compiled=previous is not None)
         return snapshot(
             optimizer,
             previous=previous,
@@ -225,6 +235,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
         opt = self._optimizer
         if exe is None or exe.trainer is None or not hasattr(opt, "_set_state_reader"):
             return
+        if self._options.connection_type == ConnectionType.Never:
+            return  # offline target: there is no device to read a state from
         trainer = exe.trainer
         opt._set_state_reader(lambda: read_state(trainer))
         if opt.ipu_state_is_dirty and opt.has_state():
@@ -369,7 +381,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
         return getattr(self.__dict__["_user_model"], name)
 
     def __repr__(self) -> str:
-        return repr(self._user_model)
+        return module_repr(self._user_model)
 
 
 class _Executable:
@@ -418,3 +430,15 @@ def _layout(options: Options, training: bool) -> Layout:
 def _to_device_dtype(t: torch.Tensor) -> torch.Tensor:
     # An IPU has no float64: float64 inputs are converted before they are uploaded.
     return t.float() if t.dtype == torch.float64 else t
+
+
+def _check_updatable_buffers(options: Options, model: nn.Module) -> None:
+    wanted = options._Popart.options.get("updatableNamedBuffers", [])
+    known = [name for name, _ in model.named_buffers()]
+    for name in wanted:
+        if name not in known:
+            raise Error(
+                f"Invalid updatable buffer {name}: the model has no buffer of that name "
+                f"(its buffers: {', '.join(known) or 'none'}). Fix the names given to "
+                "Options.updatableNamedBuffers."
+            )

@@ -103,7 +103,7 @@ class ArgsParser:
                 for j, arg in enumerate(args[i:]):
                     values.append(arg)
                     names.append(f"*{p.name}[{j}]")
-            elif i < len(args):
+            elif i < len(args) and not after_variadic and p.kind != p.KEYWORD_ONLY:
                 if p.name in kwargs:
                     raise AssertionError(f"Parameter {p.name} was passed more than once")
                 values.append(args[i])

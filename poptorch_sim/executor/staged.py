@@ -109,12 +109,11 @@ class StagedRunner:
                 step()
 
 
-def _close(runtime: PipelineRuntime, trace: TraceRecorder | None, directory: str | None) -> None:
+def _close(
+    runtime: PipelineRuntime, trace: TraceRecorder | None, directory: str | None, name: str
+) -> None:
     runtime.close()
     if trace is not None and directory is not None and trace.events:
         os.makedirs(directory, exist_ok=True)
-        path = trace.write(os.path.join(directory, "execution_trace.json"))
-        print(
-            f"poptorch_sim: execution trace written to {path} (open it in https://ui.perfetto.dev)"
-        )
+        trace.write(os.path.join(directory, name))
         print(trace.summary())

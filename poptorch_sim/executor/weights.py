@@ -85,6 +85,13 @@ def _module_reduce_ex(self: nn.Module, proto: int) -> tuple[Any, ...]:
     return (_rebuild_module, (_unwrapped_class(type(self)), state))
 
 
+def _module_destroy(self: nn.Module) -> None:
+    # PopTorch's wrapped model has destroy(): it destroys the executor and unwraps the model.
+    owner = owner_of(self)
+    if owner is not None:
+        owner.destroy()
+
+
 def _rebuild_module(cls: type, state: dict[str, Any]) -> nn.Module:
     module = cls.__new__(cls)
     module.__dict__.update(state)
@@ -131,6 +138,7 @@ def _wrapped_class(cls: type) -> type:
             body: dict[str, Any] = {
                 "__getattribute__": _module_getattribute,
                 "__reduce_ex__": _module_reduce_ex,
+                "destroy": _module_destroy,
             }
             bases: tuple[type, ...] = (cls,)
         else:
