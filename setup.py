@@ -16,9 +16,11 @@ def _extensions() -> tuple[list, dict]:
     from torch.utils import cpp_extension
 
     cuda_sources = sorted(glob.glob("csrc/*.cu"))
-    use_cuda = bool(cuda_sources) and (
-        torch.cuda.is_available() or os.environ.get("POPTORCH_SIM_BUILD_CUDA") == "1"
-    ) and cpp_extension.CUDA_HOME is not None
+    use_cuda = (
+        bool(cuda_sources)
+        and (torch.cuda.is_available() or os.environ.get("POPTORCH_SIM_BUILD_CUDA") == "1")
+        and cpp_extension.CUDA_HOME is not None
+    )
     cxx = ["-O3", "-std=c++20", "-fopenmp", "-ffp-contract=off"]
     kwargs = dict(
         name="poptorch_sim._C",
@@ -38,7 +40,9 @@ setup(
     name="poptorch_sim",
     version="3.4.0",
     description="Graphcore PopTorch's API on ordinary CPUs and GPUs",
-    packages=find_packages(include=["poptorch_sim", "poptorch_sim.*", "poptorch", "poptorch.*", "popart"]),
+    packages=find_packages(
+        include=["poptorch_sim", "poptorch_sim.*", "poptorch", "poptorch.*", "popart"]
+    ),
     package_data={"poptorch_sim": ["py.typed"]},
     python_requires=">=3.10",
     install_requires=["torch", "torchvision", "numpy", "tqdm", "pyyaml"],
