@@ -10,12 +10,8 @@ present: its ``rows(quick: bool) -> list[Row]`` is appended to the table.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -24,33 +20,9 @@ import torchvision
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from timing import Row, interleaved  # noqa: E402
+
 from poptorch_sim import kernels  # noqa: E402
-
-
-class Row(NamedTuple):
-    """One line of the table: medians in seconds."""
-
-    op: str
-    size: str
-    ours: float
-    reference: float
-    reference_name: str
-    identical: bool
-
-
-def interleaved(
-    ours: Callable[[], Any], ref: Callable[[], Any], repeats: int
-) -> tuple[float, float]:
-    """Median seconds of ``ours`` and ``ref``, timed alternately after one warm-up each."""
-    ours()
-    ref()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        for fn, bucket in ((ours, times[0]), (ref, times[1])):
-            start = time.perf_counter()
-            fn()
-            bucket.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def sort_rows(quick: bool) -> list[Row]:

@@ -8,43 +8,18 @@ alternately, repeat by repeat, and the medians are compared (speedup = baseline 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from timing import Row  # noqa: E402
+from timing import interleaved as _interleaved  # noqa: E402
 
 from poptorch_sim.kernels.optim import FusedOptimizer, accumulate_  # noqa: E402
-
-
-class Row(NamedTuple):
-    """One line of the table: medians in seconds (the same fields as kernels.py's Row)."""
-
-    op: str
-    size: str
-    ours: float
-    reference: float
-    reference_name: str
-    identical: bool
-
-
-def _interleaved(
-    ours: Callable[[], Any], ref: Callable[[], Any], repeats: int
-) -> tuple[float, float]:
-    ours()
-    ref()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        for fn, bucket in ((ours, times[0]), (ref, times[1])):
-            start = time.perf_counter()
-            fn()
-            bucket.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def _param_set(total: int) -> list[torch.Tensor]:
