@@ -21,9 +21,7 @@ from ..hardware import ipuHardwareIsAvailable
 from ..logger import logger
 from ..ops.blocks import uses_begin_block
 from ..optim import SGD
-from ..optim.reduction import apply_mean_reduction_strategy
-from ..optim.replacement import check_update
-from ..optim.snapshot import OptimizerSnapshot, snapshot
+from ..optim.snapshot import OptimizerSnapshot
 from ..options import Options
 from ..printing import module_repr
 from . import hooks
@@ -36,13 +34,13 @@ from .progress import CompilationBar
 from .replicas import ReplicaBuffers
 from .serialization import SerializationMixin
 from .staged import StagedRunner
-from .training import DeviceTrainer, read_state, write_state
+from .training import DeviceTrainer, OptimizerMixin
 from .weights import DeviceCopy, HostSync, owner_of
 
 __all__ = ["PoplarExecutor"]
 
 
-class PoplarExecutor(InspectionMixin, SerializationMixin):
+class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
     """A model wrapped for a simulated IPU. Never constructed directly: use
     ``poptorch.trainingModel`` or ``poptorch.inferenceModel``.
     """
@@ -180,71 +178,6 @@ class PoplarExecutor(InspectionMixin, SerializationMixin):
             if not program.blocks_seen:
                 return program
         return StagedRunner(device.model, self._options, first, self._training)
-
-    def _build_trainer(self, device: DeviceCopy, layout: Layout) -> DeviceTrainer:
-        assert self._optimizer is not None and self._snapshot is not None
-        host_to_device = {id(h): d for _, h, d in device.pairs}
-        names = {id(d): n for n, _, d in device.pairs}
-        host_params = [p for g in self._optimizer.param_groups for p in g["params"]]
-        trainer = DeviceTrainer(
-            self._snapshot,
-            [host_to_device[id(p)] for p in host_params],
-            names,
-            layout.gradient_accumulation * layout.replicas,
-            self._options.Training.accumulation_and_replication_reduction_type,
-            off_chip=self._options.optimizer_off_chip,
-        )
-        trainer.wanted = {v[0] for v in self._options.anchored_tensors.values()}
-        return trainer
-
-    def _take_snapshot(
-        self, optimizer: torch.optim.Optimizer, previous: OptimizerSnapshot | None = None
-    ) -> OptimizerSnapshot:
-        apply_mean_reduction_strategy(optimizer, self._options, compiled=previous is not None)
-        return snapshot(
-            optimizer,
-            previous=previous,
-            relax_checks=self._options._relax_optimizer_attributes_checks,
-        )
-
-    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Use ``optimizer``'s current hyper-parameters (and state, if loaded) from now on.
-
-        Raises:
-            Error: after compilation, a constant hyper-parameter changed.
-        """
-        if not self._training:
-            raise Error("setOptimizer() can only be called on a trainingModel")
-        compiled = self._executable is not None
-        new = self._take_snapshot(optimizer, self._snapshot if compiled else None)
-        if compiled and self._snapshot is not None:
-            check_update(self._snapshot, new)
-        self._snapshot = new
-        old = self._optimizer
-        if old is not optimizer and hasattr(old, "_set_state_reader"):
-            if self._executable is not None:
-                old.state_dict()
-            old._set_state_reader(None)
-        self._optimizer = optimizer
-        if self._executable is not None and self._executable.trainer is not None:
-            self._executable.trainer.apply(self._snapshot)
-            self._connect_optimizer_state()
-
-    def _connect_optimizer_state(self) -> None:
-        exe = self._executable
-        opt = self._optimizer
-        if exe is None or exe.trainer is None or not hasattr(opt, "_set_state_reader"):
-            return
-        if self._options.connection_type == ConnectionType.Never:
-            return  # offline target: there is no device to read a state from
-        trainer = exe.trainer
-        opt._set_state_reader(lambda: read_state(trainer))
-        if opt.ipu_state_is_dirty and opt.has_state():
-            state = opt.get_state_dict()
-            write_state(trainer, state["ipu_state"], state["ipu_param"])
-            opt.ipu_state_is_dirty = False
-        elif not opt.has_state():
-            opt._set_ipu_state(*read_state(trainer))
 
     def isCompiled(self) -> bool:
         """Whether the model has been compiled (and not destroyed)."""

@@ -18,16 +18,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..enums import ReductionType
+from ..enums import ConnectionType, ReductionType
+from ..errors import Error
 from ..kernels import FusedOptimizer
 from ..kernels.optim import offload_stats
 from ..optim.device import apply_hyperparameters, device_groups, device_optimizer
 from ..optim.ipu_state import export_state, import_state
-from ..optim.snapshot import OptimizerSnapshot
+from ..optim.reduction import apply_mean_reduction_strategy
+from ..optim.replacement import check_update
+from ..optim.snapshot import OptimizerSnapshot, snapshot
 from ..profiling.trace import TraceRecorder
 
 __all__ = ["DeviceTrainer"]
@@ -155,6 +159,84 @@ def _step_name(before: dict[str, int], after: dict[str, int]) -> str:
         after["bytes_to_host"] - before["bytes_to_host"]
     )
     return f"optimizer step, state streamed off-chip: {chunks} chunks, {moved / 1e6:.1f} MB"
+
+
+class OptimizerMixin:
+    """The optimizer side of ``PoplarExecutor``: snapshots, ``setOptimizer``, device state.
+
+    See [Note: optimizer state on the device] in ``poptorch_sim/optim/base.py``.
+    """
+
+    _options: Any
+    _optimizer: Any
+    _snapshot: OptimizerSnapshot | None
+    _executable: Any
+    _training: bool
+
+    def _build_trainer(self, device: Any, layout: Any) -> DeviceTrainer:
+        assert self._optimizer is not None and self._snapshot is not None
+        host_to_device = {id(h): d for _, h, d in device.pairs}
+        names = {id(d): n for n, _, d in device.pairs}
+        host_params = [p for g in self._optimizer.param_groups for p in g["params"]]
+        trainer = DeviceTrainer(
+            self._snapshot,
+            [host_to_device[id(p)] for p in host_params],
+            names,
+            layout.gradient_accumulation * layout.replicas,
+            self._options.Training.accumulation_and_replication_reduction_type,
+            off_chip=self._options.optimizer_off_chip,
+        )
+        trainer.wanted = {v[0] for v in self._options.anchored_tensors.values()}
+        return trainer
+
+    def _take_snapshot(
+        self, optimizer: torch.optim.Optimizer, previous: OptimizerSnapshot | None = None
+    ) -> OptimizerSnapshot:
+        apply_mean_reduction_strategy(optimizer, self._options, compiled=previous is not None)
+        return snapshot(
+            optimizer,
+            previous=previous,
+            relax_checks=self._options._relax_optimizer_attributes_checks,
+        )
+
+    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Use ``optimizer``'s current hyper-parameters (and state, if loaded) from now on.
+
+        Raises:
+            Error: after compilation, a constant hyper-parameter changed.
+        """
+        if not self._training:
+            raise Error("setOptimizer() can only be called on a trainingModel")
+        compiled = self._executable is not None
+        new = self._take_snapshot(optimizer, self._snapshot if compiled else None)
+        if compiled and self._snapshot is not None:
+            check_update(self._snapshot, new)
+        self._snapshot = new
+        old = self._optimizer
+        if old is not optimizer and hasattr(old, "_set_state_reader"):
+            if self._executable is not None:
+                old.state_dict()
+            old._set_state_reader(None)
+        self._optimizer = optimizer
+        if self._executable is not None and self._executable.trainer is not None:
+            self._executable.trainer.apply(self._snapshot)
+            self._connect_optimizer_state()
+
+    def _connect_optimizer_state(self) -> None:
+        exe = self._executable
+        opt = self._optimizer
+        if exe is None or exe.trainer is None or not hasattr(opt, "_set_state_reader"):
+            return
+        if self._options.connection_type == ConnectionType.Never:
+            return  # offline target: there is no device to read a state from
+        trainer = exe.trainer
+        opt._set_state_reader(lambda: read_state(trainer))
+        if opt.ipu_state_is_dirty and opt.has_state():
+            state = opt.get_state_dict()
+            write_state(trainer, state["ipu_state"], state["ipu_param"])
+            opt.ipu_state_is_dirty = False
+        elif not opt.has_state():
+            opt._set_ipu_state(*read_state(trainer))
 
 
 def read_state(trainer: DeviceTrainer) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
