@@ -4,6 +4,11 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+static double prof_now(){return std::chrono::duration<double,std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();}
+#define PROF(tag) if (std::getenv("PTS_PROF")) { double t_=prof_now(); std::fprintf(stderr, "%s %.3f\n", tag, t_-prof_last); prof_last=t_; }
 
 #include "sort.h"
 
@@ -14,6 +19,9 @@ namespace {
 
 constexpr int64_t kInsertionSortMax = 48;
 constexpr int64_t kCacheResident = 32768;  // items sorted digit by digit inside L2
+// Neighbouring digits of the scatter sort share a group only while it stays this small: a
+// group of one digit has 11 fewer key bits left to sort (one radix pass fewer).
+constexpr int64_t kSmallGroup = 2048;
 
 inline uint32_t high_word(uint64_t item) { return static_cast<uint32_t>(item >> 32); }
 
@@ -39,6 +47,7 @@ uint32_t differing_bits(const uint64_t* items, int64_t n) {
 }
 
 constexpr int kStreams = 4;
+constexpr int kLsdBits = 11;
 
 // Stable scatter of src[0, n) into dst by the digit (item >> shift) & mask. The input is cut
 // into kStreams quarters, each with its own histogram and write cursors, so consecutive
@@ -99,6 +108,39 @@ bool stable_scatter(
 }
 
 constexpr int kMsdBits = 11;
+
+constexpr int kLineItems = 8;  // items per 64-byte cache line
+
+// Stable scatter of src[lo, hi) to dst at cursor[group_of[digit]], staging each group's items
+// in a cache line of its own and writing whole lines out.
+void write_combined_scatter(
+    const uint64_t* src, uint64_t* dst, int64_t lo, int64_t hi, int shift, const uint16_t* map,
+    uint32_t* cursor, int64_t groups) {
+  constexpr uint32_t kMask = (1u << kMsdBits) - 1;
+  thread_local std::vector<uint64_t> lines;
+  thread_local std::vector<uint8_t> fill;
+  lines.resize(static_cast<size_t>(groups * kLineItems));
+  fill.assign(static_cast<size_t>(groups), 0);
+  uint64_t* line = lines.data();
+  uint8_t* count = fill.data();
+  for (int64_t i = lo; i < hi; ++i) {
+    const uint64_t item = src[i];
+    const uint32_t g = map[(item >> shift) & kMask];
+    const uint32_t k = count[g];
+    line[g * kLineItems + k] = item;
+    if (k == kLineItems - 1) {
+      std::memcpy(dst + cursor[g], line + g * kLineItems, sizeof(uint64_t) * kLineItems);
+      cursor[g] += kLineItems;
+      count[g] = 0;
+    } else {
+      count[g] = static_cast<uint8_t>(k + 1);
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    std::memcpy(dst + cursor[g], line + g * kLineItems, sizeof(uint64_t) * count[g]);
+    cursor[g] += count[g];
+  }
+}
 
 // One most-significant-digit pass: items are counted by the 11-bit digit at `shift`, runs of
 // neighbouring digits are grouped so that each group fits in cache (a digit bigger than that
@@ -170,7 +212,8 @@ void grouped_scatter(
 
 // LSD radix sort, 11-bit digits, over the bits [0, top] of the high words; result in `items`.
 void lsd_sort(uint64_t* items, uint64_t* scratch, int64_t n, int top) {
-  constexpr int kBits = 11;
+  const int passes = (top + kLsdBits) / kLsdBits;
+  const int kBits = (top + passes) / passes;
   thread_local std::vector<uint32_t> cursors;
   thread_local std::vector<uint32_t> starts;
   uint64_t* src = items;
@@ -201,7 +244,8 @@ void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
     return;
   }
   const int top = 31 - __builtin_clz(diff);
-  if (n <= kCacheResident) {
+  const int passes = (top + kMsdBits) / kMsdBits;
+  if (n <= kCacheResident || (passes <= 2 && n <= 4 * kCacheResident)) {
     lsd_sort(items, scratch, n, top);
     return;
   }
@@ -230,9 +274,11 @@ void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
 uint64_t* scatter_sort_row(
     int64_t n, int64_t tiles, KernelScope& scope, uint64_t* items, uint64_t* scratch,
     const std::function<uint32_t(int64_t, int64_t)>& build) {
+  double prof_last = prof_now();
   constexpr uint32_t kMask = (1u << kMsdBits) - 1;
   constexpr int64_t kBuckets = int64_t{1} << kMsdBits;
   std::vector<uint32_t> diffs(static_cast<size_t>(tiles), 0u);
+  PROF("before1");
   scope.superstep(tiles, [&](int64_t tile) {
     diffs[tile] = build(split_point(n, tiles, tile), split_point(n, tiles, tile + 1));
   }, n);
@@ -246,6 +292,7 @@ uint64_t* scatter_sort_row(
   const int shift = 32 + std::max(0, 32 - __builtin_clz(diff) - kMsdBits);
   const int64_t streams = tiles * kStreams;
   std::vector<uint32_t> counts(static_cast<size_t>(streams * kBuckets), 0u);
+  PROF("before2");
   scope.superstep(tiles, [&](int64_t tile) {
     for (int64_t s = tile * kStreams; s < (tile + 1) * kStreams; ++s) {
       uint32_t* c = counts.data() + s * kBuckets;
@@ -262,7 +309,7 @@ uint64_t* scatter_sort_row(
     for (int64_t s = 0; s < streams; ++s) {
       total += counts[s * kBuckets + d];
     }
-    if (group_sizes.empty() || (open > 0 && open + total > kCacheResident)) {
+    if (group_sizes.empty() || (open > 0 && open + total > kSmallGroup)) {
       group_sizes.push_back(0);
       open = 0;
     }
@@ -292,31 +339,19 @@ uint64_t* scatter_sort_row(
     }
   }
   group_starts[groups] = n;
+  PROF("before3");
   scope.superstep(tiles, [&](int64_t tile) {
-    // The tile's kStreams streams advance together so one bucket's cursor is not a chain.
-    const int64_t first = tile * kStreams;
-    int64_t pos[kStreams];
-    int64_t end[kStreams];
-    int64_t shortest = INT64_MAX;
-    for (int q = 0; q < kStreams; ++q) {
-      pos[q] = split_point(n, streams, first + q);
-      end[q] = split_point(n, streams, first + q + 1);
-      shortest = std::min(shortest, end[q] - pos[q]);
-    }
+    // Items gather in a cache line per group (write combining) before they go out, so the
+    // scatter writes whole lines instead of touching one line per item.
     const uint16_t* map = group_of.data();
-    for (int64_t i = 0; i < shortest; ++i) {
-      for (int q = 0; q < kStreams; ++q) {
-        const uint64_t item = items[pos[q] + i];
-        scratch[cursors[(first + q) * groups + map[(item >> shift) & kMask]]++] = item;
-      }
-    }
-    for (int q = 0; q < kStreams; ++q) {
-      for (int64_t i = pos[q] + shortest; i < end[q]; ++i) {
-        scratch[cursors[(first + q) * groups + map[(items[i] >> shift) & kMask]]++] = items[i];
-      }
+    for (int64_t s = tile * kStreams; s < (tile + 1) * kStreams; ++s) {
+      write_combined_scatter(
+          items, scratch, split_point(n, streams, s), split_point(n, streams, s + 1), shift,
+          map, cursors.data() + s * groups, groups);
     }
   }, n);
   scope.add_bytes_exchanged(n * static_cast<int64_t>(sizeof(uint64_t)));
+  PROF("before4");
   scope.superstep(tiles, [&](int64_t tile) {
     const int64_t lo = split_point(n, tiles, tile);
     const int64_t hi = split_point(n, tiles, tile + 1);
@@ -327,6 +362,7 @@ uint64_t* scatter_sort_row(
     }
   }, n);
   const double log_chunk = std::max(1.0, std::log2(static_cast<double>(n) / tiles));
+  PROF("localsort");
   scope.add_compare_exchanges(static_cast<int64_t>(static_cast<double>(n) * log_chunk));
   return scratch;
 }

@@ -222,3 +222,15 @@ def test_private_impl_names() -> None:
     assert _impl.isRunningOnIpu is poptorch.isRunningOnIpu
     marker = object()
     assert _impl._restoreWrapperIfNecessary(marker) is marker
+
+
+def test_more_ipus_than_simulated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POPTORCH_SIM_NUM_IPUS", "2")
+    opts = poptorch.Options().replicationFactor(4)
+    model = poptorch.inferenceModel(nn.Linear(2, 2), opts)
+    with pytest.raises(
+        poptorch.Error, match=r"Failed to acquire 4 IPU\(s\).*POPTORCH_SIM_NUM_IPUS=4"
+    ):
+        model(torch.randn(4, 2))
+    monkeypatch.setenv("POPTORCH_SIM_NUM_IPUS", "0")  # no hardware: the IPU Model has no limit
+    assert poptorch.inferenceModel(nn.Linear(2, 2), opts)(torch.randn(4, 2)).shape == (4, 2)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from .. import env
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
 from ..hardware import ipuHardwareIsAvailable
@@ -148,6 +149,11 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         ):
             raise Error("Cycle count logging is only supported on actual IPU hardware.")
         program = self._build_program(device, bound, layout)
+        _acquire(
+            program.program.meta["num_ipus"]
+            if isinstance(program, StagedRunner)
+            else layout.replicas
+        )
         bar.update(80)
         trainer = self._build_trainer(device, layout) if self._training else None
         if trainer is not None and isinstance(program, StagedRunner):
@@ -333,6 +339,21 @@ class _Executable:
         self.device = device
         self.program = program
         self.trainer = trainer
+
+
+def _acquire(needed: int) -> None:
+    """Raise PopTorch's error if the model needs more IPUs than the machine simulates.
+
+    With ``POPTORCH_SIM_NUM_IPUS=0`` (no hardware) models run as on PopTorch's IPU Model, which
+    has no such limit.
+    """
+    available = env.num_ipus()
+    if 0 < available < needed:
+        raise Error(
+            f"Failed to acquire {needed} IPU(s): this machine simulates {available} "
+            f"(POPTORCH_SIM_NUM_IPUS={available}). Set POPTORCH_SIM_NUM_IPUS={needed} or more, "
+            "or use fewer replicas or IPUs."
+        )
 
 
 def _resolve_options(options: Options | None, training: bool) -> Options:
