@@ -210,19 +210,49 @@ void grouped_scatter(
   }
 }
 
-// LSD radix sort, 11-bit digits, over the bits [0, top] of the high words; result in `items`.
+// LSD radix sort over the bits [0, top] of the high words, in at most three digits of at
+// most 11 bits; result in `items`. One sweep counts every digit; a digit all items share is
+// skipped.
 void lsd_sort(uint64_t* items, uint64_t* scratch, int64_t n, int top) {
+  constexpr int kMaxPasses = 3;
   const int passes = (top + kLsdBits) / kLsdBits;
-  const int kBits = (top + passes) / passes;
-  thread_local std::vector<uint32_t> cursors;
-  thread_local std::vector<uint32_t> starts;
+  const int bits = (top + passes) / passes;
+  const size_t stride = size_t{1} << bits;
+  thread_local std::vector<uint32_t> counts;
+  counts.assign(stride * kMaxPasses, 0u);
+  uint32_t masks[kMaxPasses] = {0, 0, 0};
+  for (int p = 0; p < passes; ++p) {
+    masks[p] = (1u << std::min(bits, top + 1 - p * bits)) - 1;
+  }
+  uint32_t* c0 = counts.data();
+  uint32_t* c1 = c0 + stride;
+  uint32_t* c2 = c1 + stride;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t key = high_word(items[i]);
+    ++c0[key & masks[0]];
+    ++c1[(key >> bits) & masks[1]];
+    ++c2[(key >> (2 * bits)) & masks[2]];
+  }
   uint64_t* src = items;
   uint64_t* dst = scratch;
-  for (int low = 0; low <= top; low += kBits) {
-    const uint32_t mask = (1u << std::min(kBits, top + 1 - low)) - 1;
-    if (stable_scatter(src, dst, n, 32 + low, mask, cursors, starts)) {
-      std::swap(src, dst);
+  for (int p = 0; p < passes; ++p) {
+    uint32_t* cursor = c0 + stride * p;
+    const int shift = 32 + p * bits;
+    const uint32_t mask = masks[p];
+    if (cursor[(src[0] >> shift) & mask] == static_cast<uint32_t>(n)) {
+      continue;
     }
+    uint32_t offset = 0;
+    for (uint32_t d = 0; d <= mask; ++d) {
+      const uint32_t count = cursor[d];
+      cursor[d] = offset;
+      offset += count;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t item = src[i];
+      dst[cursor[(item >> shift) & mask]++] = item;
+    }
+    std::swap(src, dst);
   }
   if (src != items) {
     std::memcpy(items, src, static_cast<size_t>(n) * sizeof(uint64_t));
