@@ -4,11 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-static double prof_now(){return std::chrono::duration<double,std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();}
-#define PROF(tag) if (std::getenv("PTS_PROF")) { double t_=prof_now(); std::fprintf(stderr, "%s %.3f\n", tag, t_-prof_last); prof_last=t_; }
 
 #include "sort.h"
 
@@ -20,7 +15,7 @@ namespace {
 constexpr int64_t kInsertionSortMax = 48;
 constexpr int64_t kCacheResident = 32768;  // items sorted digit by digit inside L2
 // Neighbouring digits of the scatter sort share a group only while it stays this small: a
-// group of one digit has 11 fewer key bits left to sort (one radix pass fewer).
+// group of one digit has kMsdBits fewer key bits left to sort (one radix pass fewer).
 constexpr int64_t kSmallGroup = 2048;
 
 inline uint32_t high_word(uint64_t item) { return static_cast<uint32_t>(item >> 32); }
@@ -47,7 +42,7 @@ uint32_t differing_bits(const uint64_t* items, int64_t n) {
 }
 
 constexpr int kStreams = 4;
-constexpr int kLsdBits = 11;
+constexpr int kLsdBits = 11;  // widest digit of a cache-resident pass
 
 // Stable scatter of src[0, n) into dst by the digit (item >> shift) & mask. The input is cut
 // into kStreams quarters, each with its own histogram and write cursors, so consecutive
@@ -107,7 +102,7 @@ bool stable_scatter(
   return true;
 }
 
-constexpr int kMsdBits = 11;
+constexpr int kMsdBits = 12;  // digit of a most-significant-digit pass
 
 constexpr int kLineItems = 8;  // items per 64-byte cache line
 
@@ -142,7 +137,7 @@ void write_combined_scatter(
   }
 }
 
-// One most-significant-digit pass: items are counted by the 11-bit digit at `shift`, runs of
+// One most-significant-digit pass: items are counted by the 12-bit digit at `shift`, runs of
 // neighbouring digits are grouped so that each group fits in cache (a digit bigger than that
 // stays alone), and items are scattered stably by group. Fills `group_starts` (groups + 1).
 void grouped_scatter(
@@ -210,49 +205,20 @@ void grouped_scatter(
   }
 }
 
-// LSD radix sort over the bits [0, top] of the high words, in at most three digits of at
-// most 11 bits; result in `items`. One sweep counts every digit; a digit all items share is
-// skipped.
+// LSD radix sort over the bits [0, top] of the high words in as few digits of at most
+// kLsdBits bits as cover them, of equal width; result in `items`.
 void lsd_sort(uint64_t* items, uint64_t* scratch, int64_t n, int top) {
-  constexpr int kMaxPasses = 3;
   const int passes = (top + kLsdBits) / kLsdBits;
-  const int bits = (top + passes) / passes;
-  const size_t stride = size_t{1} << bits;
-  thread_local std::vector<uint32_t> counts;
-  counts.assign(stride * kMaxPasses, 0u);
-  uint32_t masks[kMaxPasses] = {0, 0, 0};
-  for (int p = 0; p < passes; ++p) {
-    masks[p] = (1u << std::min(bits, top + 1 - p * bits)) - 1;
-  }
-  uint32_t* c0 = counts.data();
-  uint32_t* c1 = c0 + stride;
-  uint32_t* c2 = c1 + stride;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t key = high_word(items[i]);
-    ++c0[key & masks[0]];
-    ++c1[(key >> bits) & masks[1]];
-    ++c2[(key >> (2 * bits)) & masks[2]];
-  }
+  const int kBits = (top + passes) / passes;
+  thread_local std::vector<uint32_t> cursors;
+  thread_local std::vector<uint32_t> starts;
   uint64_t* src = items;
   uint64_t* dst = scratch;
-  for (int p = 0; p < passes; ++p) {
-    uint32_t* cursor = c0 + stride * p;
-    const int shift = 32 + p * bits;
-    const uint32_t mask = masks[p];
-    if (cursor[(src[0] >> shift) & mask] == static_cast<uint32_t>(n)) {
-      continue;
+  for (int low = 0; low <= top; low += kBits) {
+    const uint32_t mask = (1u << std::min(kBits, top + 1 - low)) - 1;
+    if (stable_scatter(src, dst, n, 32 + low, mask, cursors, starts)) {
+      std::swap(src, dst);
     }
-    uint32_t offset = 0;
-    for (uint32_t d = 0; d <= mask; ++d) {
-      const uint32_t count = cursor[d];
-      cursor[d] = offset;
-      offset += count;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      const uint64_t item = src[i];
-      dst[cursor[(item >> shift) & mask]++] = item;
-    }
-    std::swap(src, dst);
   }
   if (src != items) {
     std::memcpy(items, src, static_cast<size_t>(n) * sizeof(uint64_t));
@@ -274,7 +240,7 @@ void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
     return;
   }
   const int top = 31 - __builtin_clz(diff);
-  const int passes = (top + kMsdBits) / kMsdBits;
+  const int passes = (top + kLsdBits) / kLsdBits;
   if (n <= kCacheResident || (passes <= 2 && n <= 4 * kCacheResident)) {
     lsd_sort(items, scratch, n, top);
     return;
@@ -293,10 +259,12 @@ void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
 // [Note: scatter sort]
 // One row spread over T tiles in five supersteps, one of them a real exchange:
 //   1 build   each tile packs the items of its slice, noting which key bits differ
-//   2 count   each tile counts its items by the 11-bit digit below the highest differing bit
-//   3 (sync)  digit counts are summed; neighbouring digits form groups that fit in cache;
+//   2 count   each tile counts its items by the 12-bit digit below the highest differing bit
+//   3 (sync)  digit counts are summed; every digit is a group of its own (only runs of small
+//             neighbouring digits share one), so a group has 12 key bits fewer left to sort;
 //             every tile learns where its items of each group go (tile order keeps it stable)
-//   4 scatter each tile sends its items to their groups' places (the exchange)
+//   4 scatter each tile sends its items to their groups' places (the exchange), through
+//             cache-line write-combining buffers
 //   5 sort    groups are dealt out to tiles by position; each tile radix-sorts its groups
 // (the write-out of values and indices is one more superstep). A group that is one huge digit
 // (keys bunched below the digit) would leave one tile with most of the work; then the row
@@ -304,13 +272,30 @@ void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
 uint64_t* scatter_sort_row(
     int64_t n, int64_t tiles, KernelScope& scope, uint64_t* items, uint64_t* scratch,
     const std::function<uint32_t(int64_t, int64_t)>& build) {
-  double prof_last = prof_now();
   constexpr uint32_t kMask = (1u << kMsdBits) - 1;
   constexpr int64_t kBuckets = int64_t{1} << kMsdBits;
-  std::vector<uint32_t> diffs(static_cast<size_t>(tiles), 0u);
-  PROF("before1");
-  scope.superstep(tiles, [&](int64_t tile) {
-    diffs[tile] = build(split_point(n, tiles, tile), split_point(n, tiles, tile + 1));
+  // Each tile's share of a superstep runs as kStreams work units (its streams), which the
+  // host threads claim one by one, so a descheduled thread holds up less of the superstep.
+  // Superstep 2 (count) runs inside superstep 1 on the host: each stream's items are counted
+  // by their top 12 key bits chunk by chunk while they are still in cache. The digit is only
+  // right when the top key bit differs (mixed signs); otherwise superstep 2 runs on its own.
+  const int64_t streams = tiles * kStreams;
+  constexpr int kTopShift = 64 - kMsdBits;
+  constexpr int64_t kChunk = 4096;
+  std::vector<uint32_t> counts(static_cast<size_t>(streams * kBuckets), 0u);
+  std::vector<uint32_t> diffs(static_cast<size_t>(streams), 0u);
+  scope.superstep(streams, [&](int64_t s) {
+    {
+      uint32_t* c = counts.data() + s * kBuckets;
+      const int64_t end = split_point(n, streams, s + 1);
+      for (int64_t lo = split_point(n, streams, s); lo < end; lo += kChunk) {
+        const int64_t hi = std::min(end, lo + kChunk);
+        diffs[s] |= build(lo, hi);
+        for (int64_t i = lo; i < hi; ++i) {
+          ++c[items[i] >> kTopShift];
+        }
+      }
+    }
   }, n);
   uint32_t diff = 0;
   for (uint32_t d : diffs) {
@@ -320,17 +305,19 @@ uint64_t* scatter_sort_row(
     return items;  // all keys equal: built in index order, already sorted
   }
   const int shift = 32 + std::max(0, 32 - __builtin_clz(diff) - kMsdBits);
-  const int64_t streams = tiles * kStreams;
-  std::vector<uint32_t> counts(static_cast<size_t>(streams * kBuckets), 0u);
-  PROF("before2");
-  scope.superstep(tiles, [&](int64_t tile) {
-    for (int64_t s = tile * kStreams; s < (tile + 1) * kStreams; ++s) {
-      uint32_t* c = counts.data() + s * kBuckets;
-      for (int64_t i = split_point(n, streams, s); i < split_point(n, streams, s + 1); ++i) {
-        ++c[(items[i] >> shift) & kMask];
+  if (shift == kTopShift) {
+    scope.add_supersteps(1);  // the fused count
+  } else {
+    std::fill(counts.begin(), counts.end(), 0u);
+    scope.superstep(streams, [&](int64_t s) {
+      {
+        uint32_t* c = counts.data() + s * kBuckets;
+        for (int64_t i = split_point(n, streams, s); i < split_point(n, streams, s + 1); ++i) {
+          ++c[(items[i] >> shift) & kMask];
+        }
       }
-    }
-  }, n);
+    }, n);
+  }
   std::vector<uint16_t> group_of(kBuckets);
   std::vector<int64_t> group_sizes;
   int64_t open = 0;
@@ -369,22 +356,20 @@ uint64_t* scatter_sort_row(
     }
   }
   group_starts[groups] = n;
-  PROF("before3");
-  scope.superstep(tiles, [&](int64_t tile) {
+  scope.superstep(streams, [&](int64_t s) {
     // Items gather in a cache line per group (write combining) before they go out, so the
     // scatter writes whole lines instead of touching one line per item.
     const uint16_t* map = group_of.data();
-    for (int64_t s = tile * kStreams; s < (tile + 1) * kStreams; ++s) {
+    {
       write_combined_scatter(
           items, scratch, split_point(n, streams, s), split_point(n, streams, s + 1), shift,
           map, cursors.data() + s * groups, groups);
     }
   }, n);
   scope.add_bytes_exchanged(n * static_cast<int64_t>(sizeof(uint64_t)));
-  PROF("before4");
-  scope.superstep(tiles, [&](int64_t tile) {
-    const int64_t lo = split_point(n, tiles, tile);
-    const int64_t hi = split_point(n, tiles, tile + 1);
+  scope.superstep(streams, [&](int64_t s) {
+    const int64_t lo = split_point(n, streams, s);
+    const int64_t hi = split_point(n, streams, s + 1);
     const auto begin = std::lower_bound(group_starts.begin(), group_starts.end() - 1, lo);
     for (auto it = begin; it != group_starts.end() - 1 && *it < hi; ++it) {
       const int64_t size = *(it + 1) - *it;
@@ -392,7 +377,6 @@ uint64_t* scatter_sort_row(
     }
   }, n);
   const double log_chunk = std::max(1.0, std::log2(static_cast<double>(n) / tiles));
-  PROF("localsort");
   scope.add_compare_exchanges(static_cast<int64_t>(static_cast<double>(n) * log_chunk));
   return scratch;
 }

@@ -71,8 +71,9 @@ void sort_rows_tiled(
     uint32_t flags = 0;
     const scalar_t* row_in = in + row * n;
     Item* sorted = tile_sort_row<Codec>(row_in, n, flip, tiles, scope, buf, scratch, flags);
+    // Four work units per tile, claimed one by one (see [Note: tile pool]).
     write_sorted<Codec>(sorted, n, row_in, flip, flags != 0, values ? values + row * n : nullptr,
-                        indices + row * n, tiles, &scope);
+                        indices + row * n, tiles * 4, &scope);
   }
 }
 

@@ -133,7 +133,7 @@ struct Codec64 {
 };
 
 // Sorts packed items whose low words are already ascending (as built) by their high words:
-// LSD radix sort with three 11-bit digits, skipping digits every item shares.
+// radix sort with digits of at most 12 bits, skipping digits every item shares.
 void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n);
 
 template <typename scalar_t>

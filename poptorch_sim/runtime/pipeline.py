@@ -267,7 +267,8 @@ class PipelineRuntime:
         job_abort = threading.Event()
         for ipu, worker in self._workers.items():
             actions = schedule.ipu_actions[ipu]
-            worker.inbox.put(Job(self._run_id, actions, loss_scale, step, job_abort))
+            job = Job(self._run_id, actions, loss_scale, step, job_abort, schedule.serial)
+            worker.inbox.put(job)
         self._pending = set(self._workers)
         try:
             results = self._drive(schedule, micro_batches, job_abort)
@@ -356,6 +357,8 @@ class PipelineRuntime:
                     self._feed(fed, micro_batches[fed])
                     fed += 1
             elif isinstance(payload, Finished):
+                for output in payload.outputs:  # deferred by the worker (see worker._report)
+                    results[output.mb].update(output.values)
                 pending.discard(payload.ipu)
         return results
 
