@@ -63,7 +63,6 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         self._dirty_host_weights = False
         self._host_weights_version = 0
         self._linked_version = -1
-        self._compile_bar: CompilationBar | None = None
         self._last_run: dict[str, float] = {}
         self._host_sync = HostSync(model, self) if training else None
         self._snapshot: OptimizerSnapshot | None = None
@@ -162,7 +161,6 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         self._connect_optimizer_state()
         hooks.run_post_compile()
         bar.finish()
-        self._compile_bar = bar
         self._compilation_time = datetime.datetime.now() - start
         if self._options.connection_type == ConnectionType.Always:
             self._attach()
