@@ -65,6 +65,14 @@ class Layout:
 
         return bound.map_tensors(narrow)
 
+    def step_micro_batches(self, bound: BoundArgs, d: int) -> list[tuple[int, BoundArgs]]:
+        """``(replica, inputs)`` of device iteration ``d``'s micro-batches, in [GA, R] order."""
+        return [
+            (r, self.micro_batch(bound, d, a, r))
+            for a in range(self.gradient_accumulation)
+            for r in range(self.replicas)
+        ]
+
 
 def check_batch(bound: BoundArgs, layout: Layout) -> None:
     """Raise PopTorch's error unless every input's batch dim divides into micro-batches.

@@ -139,18 +139,15 @@ class EagerProgram:
         step: Callable[[], None] | None,
     ) -> None:
         """Run one call: every micro-batch, and in training an optimizer ``step`` per iteration."""
-        ga = layout.gradient_accumulation
         for d in range(layout.device_iterations):
-            for a in range(ga):
-                for r in range(layout.replicas):
-                    mb = layout.micro_batch(bound, d, a, r)
-                    if self.training:
-                        leaves, loss = self.forward(mb, r)
-                        _backward(loss, loss_scale)
-                    else:
-                        with torch.no_grad():
-                            leaves, _ = self.forward(mb, r)
-                    collector.add([_detach(t) for t in leaves])
+            for r, mb in layout.step_micro_batches(bound, d):
+                if self.training:
+                    leaves, loss = self.forward(mb, r)
+                    _backward(loss, loss_scale)
+                else:
+                    with torch.no_grad():
+                        leaves, _ = self.forward(mb, r)
+                collector.add([_detach(t) for t in leaves])
             if step is not None:
                 step()
 

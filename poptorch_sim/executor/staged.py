@@ -94,10 +94,7 @@ class StagedRunner:
     ) -> None:
         """Run one call: each device iteration's micro-batches through the pipeline, then step."""
         for d in range(layout.device_iterations):
-            order = [
-                (a, r) for a in range(layout.gradient_accumulation) for r in range(layout.replicas)
-            ]
-            inputs = [self._inputs(layout.micro_batch(bound, d, a, r)) for a, r in order]
+            inputs = [self._inputs(mb) for _, mb in layout.step_micro_batches(bound, d)]
             if self.training:
                 results = self.runtime.run(inputs, loss_scale=loss_scale)
             else:
