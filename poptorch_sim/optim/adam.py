@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 
 from .base import Optimizer, check_accum_types, explicit_args, init_torch_parent
-from .variants import adamw_no_bias_update
+from .variants import adamw_no_bias_update, per_parameter_step
 
 __all__ = ["Adam", "AdamW"]
 
@@ -178,12 +178,4 @@ class AdamW(Optimizer, torch.optim.AdamW):
         """One host update: torch's AdamW, or without bias correction when it is disabled."""
         if self.bias_correction:
             return torch.optim.AdamW.step(self, closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    adamw_no_bias_update(p, p.grad, self.state[p], group)
-        return loss
+        return per_parameter_step(self, closure, adamw_no_bias_update)

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import torch
 
 from .base import Optimizer, check_accum_types, explicit_args
+from .variants import per_parameter_step
 
 __all__ = ["LAMB"]
 
@@ -105,19 +106,11 @@ class LAMB(Optimizer, torch.optim.Optimizer):
 
         >>> loss = model(x).sum(); loss.backward(); opt.step()
         """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-        return loss
+        return per_parameter_step(self, closure, self._update)
 
-    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
-        grad = p.grad
-        state = self.state[p]
+    def _update(
+        self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
+    ) -> None:
         if not state:
             state["step"] = 0
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)

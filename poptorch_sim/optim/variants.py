@@ -7,23 +7,36 @@ from typing import Any
 
 import torch
 
-__all__ = ["AdamWNoBias", "RMSpropTF", "adamw_no_bias_update"]
+__all__ = ["AdamWNoBias", "RMSpropTF", "adamw_no_bias_update", "per_parameter_step"]
+
+Update = Callable[[torch.Tensor, torch.Tensor, dict[str, Any], dict[str, Any]], None]
+
+
+@torch.no_grad()
+def per_parameter_step(
+    optimizer: torch.optim.Optimizer, closure: Callable[[], float] | None, update: Update
+) -> float | None:
+    """``optimizer.step()`` for algorithms written per parameter.
+
+    Calls ``update(p, p.grad, state, group)`` for each parameter that has a gradient and
+    returns ``closure()``'s loss when a closure is given.
+    """
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                update(p, p.grad, optimizer.state[p], group)
+    return loss
 
 
 class _PerParameter(torch.optim.Optimizer):
     """A plain optimizer whose ``step()`` updates each parameter that has a gradient."""
 
-    @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, p.grad, self.state[p], group)
-        return loss
+        return per_parameter_step(self, closure, self._update)
 
     def _update(
         self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any]
