@@ -2,8 +2,9 @@
 
 [Note: lazy weight sync]
 A simulated IPU holds its own copy of the weights (the *device copy*, a deep copy of the user's
-model made at compile time). As in PopTorch, after a training call the host weights are stale
-until something on the host touches them: the first access to the user's model (its
+model made at compile time; see also [Note: modules reached outside self] in ``rebind.py``). As
+in PopTorch, after a training call the host weights are stale until something on the host touches
+them: the first access to the user's model (its
 ``_parameters``, ``_buffers``, ``forward``, ...) or to one of its parameters or buffers triggers one
 ``copyWeightsToHost()``, later accesses none. To see those accesses, ``trainingModel`` swaps the
 class of the user's model, of each submodule and of each parameter/buffer to a generated subclass
@@ -23,6 +24,8 @@ import torch
 from torch import nn
 
 from ..errors import Error
+from ..logger import logger
+from .rebind import rebind_to_copies
 
 __all__ = ["DeviceCopy", "HostSync", "is_wrapped", "owner_of"]
 
@@ -224,9 +227,16 @@ class DeviceCopy:
     """
 
     def __init__(self, host: nn.Module, device: torch.device | None = None) -> None:
+        memo: dict[int, Any] = {}
         with _NoSync():
-            self.model = copy.deepcopy(host)
+            self.model = copy.deepcopy(host, memo)
         _strip(self.model)
+        rebuilt = rebind_to_copies(self.model, memo)
+        if rebuilt:
+            logger.debug(
+                "Methods that reach the model's modules outside self now use the device copy: %s",
+                ", ".join(rebuilt),
+            )
         if device is not None:
             self.model.to(device)
         self._host = host
