@@ -3,6 +3,14 @@
 Each stage is ``layers`` Linear+ReLU layers of width ``width``; the last stage adds an MSE loss.
 One *run* is forward+backward of ``M`` micro-batches of ``mb`` rows (gradient accumulation).
 
+[Note: balanced stages]
+A Linear layer costs three matmuls of its size per micro-batch (forward, weight gradient, input
+gradient), except the model's first layer, whose input needs no gradient. Stage 0 would then do
+``3L - 1`` units to every other stage's ``3L`` (1.2x less with ``L = 2``), and the last stage would
+set the pace. So the program input is ``1.5 * width`` wide: stage 0's first layer does 1.5 units
+forward and 1.5 for its weight gradient, the 3 units of every other layer, and all stages do the
+same FLOPs.
+
 * pipelined: ``PipelineRuntime`` with the 1F1B schedule, one intra-op thread per IPU worker.
 * sharded: the same stages, one micro-batch at a time (``ShardedExecution``), one thread per IPU.
 * plain: the whole model in eager PyTorch on the main thread with every core as intra-op
@@ -52,10 +60,11 @@ CPU = torch.device("cpu")
 class DenseStack(nn.Module):
     """``layers`` Linear+ReLU; with ``loss`` it also returns the MSE against ``target``."""
 
-    def __init__(self, width: int, layers: int, loss: bool) -> None:
+    def __init__(self, width: int, layers: int, loss: bool, in_width: int | None = None) -> None:
         super().__init__()
+        widths = [in_width or width] + [width] * layers
         self.body = nn.Sequential(
-            *[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())]
+            *[m for i in range(layers) for m in (nn.Linear(widths[i], width), nn.ReLU())]
         )
         self.loss = loss
 
@@ -89,7 +98,7 @@ class WaitStage(DenseStack):
     schedule and the runtime's overhead without needing free CPU cores."""
 
     def __init__(self, width: int, layers: int, loss: bool, fwd_s: float) -> None:
-        super().__init__(width, layers, loss)
+        super().__init__(width, layers, loss, width)
         self.fwd_s = fwd_s
 
     def after_body(self, h: torch.Tensor) -> torch.Tensor:
@@ -106,14 +115,22 @@ def build(
         outputs = ("loss",) if last else (f"h{s + 1}",)
         if wait_s:
             module: nn.Module = WaitStage(width, layers, last, wait_s)
-        else:
-            module = DenseStack(width, layers, last)
+        else:  # See [Note: balanced stages]
+            module = DenseStack(width, layers, last, input_width(width) if s == 0 else width)
         stages.append(StageSpec(s, s, module, inputs, outputs))
     return StagedProgram(stages, ("x", "y"), ("loss",), loss_name="loss", sharded=sharded)
 
 
-def batches(count: int, mb: int, width: int) -> list[dict[str, torch.Tensor]]:
-    return [{"x": torch.randn(mb, width), "y": torch.randn(mb, width)} for _ in range(count)]
+def input_width(width: int) -> int:
+    """Width of the program input. See [Note: balanced stages]."""
+    return width * 3 // 2
+
+
+def batches(
+    count: int, mb: int, width: int, in_width: int | None = None
+) -> list[dict[str, torch.Tensor]]:
+    x_width = in_width or width
+    return [{"x": torch.randn(mb, x_width), "y": torch.randn(mb, width)} for _ in range(count)]
 
 
 def interleaved_medians(
@@ -161,11 +178,33 @@ def plain_runner(program: StagedProgram, data: list, threads: int) -> Callable[[
     return run
 
 
+def stage_costs(num_stages: int, args: argparse.Namespace, repeats: int = 50) -> list[float]:
+    """Median ms of fwd+bwd of one micro-batch through each stage alone, on one thread."""
+    program = build(num_stages, args.width, args.layers, False)
+    (data,) = batches(1, args.mb, args.width, input_width(args.width))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        costs = []
+        for spec in program.stages:
+            first, last = spec.index == 0, spec.index == num_stages - 1
+            x = data["x"] if first else torch.randn(args.mb, args.width, requires_grad=True)
+
+            def fwd_bwd(x: torch.Tensor = x, module: nn.Module = spec.module) -> None:
+                (out,) = module(x, data["y"]) if last else module(x)
+                out.backward(None if last else torch.ones_like(out))
+
+            costs.append(interleaved_medians({"stage": fwd_bwd}, repeats)["stage"] * 1e3)
+        return costs
+    finally:
+        torch.set_num_threads(previous)
+
+
 def measure(args: argparse.Namespace) -> list[dict[str, float]]:
     rows, cores = [], os.cpu_count() or 1
     for n in args.stages:
         for m in args.microbatches:
-            data = batches(m, args.mb, args.width)
+            data = batches(m, args.mb, args.width, input_width(args.width))
             with ExitStack() as stack:
                 runners = {
                     "piped": runtime_runner(build(n, args.width, args.layers, False), data, stack),
@@ -255,7 +294,7 @@ def write_trace(args: argparse.Namespace) -> None:
     """One pipelined run (N=2, M=8) recorded as a Chrome trace, with the per-stage summary."""
     trace = TraceRecorder()
     program = build(2, args.width, args.layers, False)
-    data = batches(8, args.mb, args.width)
+    data = batches(8, args.mb, args.width, input_width(args.width))
     with PipelineRuntime(
         program, training=True, devices={0: CPU, 1: CPU}, threads_per_ipu=1, trace=trace
     ) as runtime:
@@ -286,6 +325,9 @@ def main() -> None:
         f"plain = eager on {os.cpu_count()} intra-op threads, plain-1t = eager on one"
     )
     print(f"parallel ceiling now: 2 threads of matmuls run {parallel_ceiling():.2f}x one thread")
+    for n in args.stages:
+        costs = ", ".join(f"{c:.2f}" for c in stage_costs(n, args))
+        print(f"N={n}: ms of fwd+bwd of one micro-batch per stage, one thread: {costs}")
     print(HEADER)
     measure(args)
     print(f"parallel ceiling now: 2 threads of matmuls run {parallel_ceiling():.2f}x one thread")
