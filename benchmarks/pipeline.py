@@ -187,12 +187,16 @@ def stage_costs(num_stages: int, args: argparse.Namespace, repeats: int = 50) ->
     try:
         costs = []
         for spec in program.stages:
-            first, last = spec.index == 0, spec.index == num_stages - 1
-            x = data["x"] if first else torch.randn(args.mb, args.width, requires_grad=True)
+            x = (
+                data["x"]
+                if spec.index == 0
+                else torch.randn(args.mb, args.width, requires_grad=True)
+            )
+            inputs = (x, data["y"]) if spec.index == num_stages - 1 else (x,)
 
-            def fwd_bwd(x: torch.Tensor = x, module: nn.Module = spec.module) -> None:
-                (out,) = module(x, data["y"]) if last else module(x)
-                out.backward(None if last else torch.ones_like(out))
+            def fwd_bwd(inputs: tuple = inputs, module: nn.Module = spec.module) -> None:  # type: ignore[type-arg]
+                (out,) = module(*inputs)
+                out.backward(torch.ones_like(out))
 
             costs.append(interleaved_medians({"stage": fwd_bwd}, repeats)["stage"] * 1e3)
         return costs
