@@ -105,3 +105,28 @@ def test_profiling_writes_a_chrome_trace_per_model(tmp_path) -> None:
     complete = [e for e in events if e.get("ph") == "X"]
     assert {e["tid"] for e in complete} >= {0, 1}
     assert any(e["name"].startswith("optimizer step") for e in complete)
+
+
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["stage-steps", "global-clipping"])
+def test_each_ipu_steps_its_own_weights_unless_clipping_is_global(tmp_path, clip) -> None:
+    """See [Note: per-stage optimizer steps]: the step of IPU 1's weights runs on its worker."""
+    model = TutorialLike()
+    eager = copy.deepcopy(model)
+    kwargs = {} if clip is None else {"max_grad_norm": clip}
+    optimizer = poptorch.optim.AdamW(model.parameters(), lr=0.01, **kwargs)
+    opts = poptorch.Options().enableProfiling(str(tmp_path))
+    opts.Training.gradientAccumulation(4)
+    training = poptorch.trainingModel(model, opts, optimizer=optimizer)
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    for _ in range(2):
+        training(x, y)
+    training.destroy()
+    eager_opt = torch.optim.AdamW(eager.parameters(), lr=0.01)
+    for _ in range(2):
+        train_reference(eager, eager_opt, (x, y), 1, 4, 1, clip=clip)
+    for (name, ours), theirs in zip(model.state_dict().items(), eager.state_dict().values()):
+        torch.testing.assert_close(ours, theirs, msg=name)
+    (trace_file,) = tmp_path.glob("execution_trace_training_*.json")
+    events = json.loads(trace_file.read_text())["traceEvents"]
+    steps = [e["tid"] for e in events if e.get("name", "").startswith("optimizer step")]
+    assert sorted(steps) == ([0, 0] if clip else [0, 0, 1, 1])

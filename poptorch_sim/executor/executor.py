@@ -157,6 +157,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         trainer = self._build_trainer(device, layout) if self._training else None
         if trainer is not None and isinstance(program, StagedRunner):
             trainer.trace = program.trace
+            program.stage_step = trainer.stage_steps(program.program)
         self._executable = _Executable(bound, layout, device, program, trainer)
         self._connect_optimizer_state()
         hooks.run_post_compile()

@@ -45,6 +45,7 @@ class StagedRunner:
     """
 
     buffers = None  # per-replica buffers are not supported across stages
+    stage_step: Callable[[int], None] | None = None  # See [Note: per-stage optimizer steps]
 
     def __init__(self, model: nn.Module, options: Any, first: BoundArgs, training: bool) -> None:
         with running_on_ipu():
@@ -96,7 +97,7 @@ class StagedRunner:
         for d in range(layout.device_iterations):
             inputs = [self._inputs(mb) for _, mb in layout.step_micro_batches(bound, d)]
             if self.training:
-                results = self.runtime.run(inputs, loss_scale=loss_scale)
+                results = self.runtime.run(inputs, loss_scale=loss_scale, step=self.stage_step)
             else:
                 with torch.no_grad():
                     results = self.runtime.run(inputs)

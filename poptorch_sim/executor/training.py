@@ -11,11 +11,21 @@ all in one pass of the fused C++ kernels (``poptorch_sim.kernels.FusedOptimizer`
 optimizer state on chip or, per ``TensorLocations.setOptimizerLocation``, off chip and streamed
 through a bounded staging buffer. Algorithms the kernels do not cover (RMSprop's TensorFlow
 variant) run on a torch optimizer instead.
+
+[Note: per-stage optimizer steps]
+In a pipelined or sharded model each IPU updates its own weights: the parameters that only stage
+``s`` uses are stepped on stage ``s``'s worker right after its last backward (the schedule's
+``STEP`` action), while upstream stages are still draining, and the trace shows the step on that
+IPU's track. The caller then steps whatever still holds a gradient (parameters shared by several
+stages, which must wait for all of them). The update of each parameter is the same as one global
+step's; only global gradient clipping (``max_grad_norm``) needs every stage's gradients first, so
+with it, and with the torch fallback, the whole step runs on the caller after the pipeline drains.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +43,7 @@ from ..optim.reduction import apply_mean_reduction_strategy
 from ..optim.replacement import check_update
 from ..optim.snapshot import OptimizerSnapshot, snapshot
 from ..profiling.trace import TraceRecorder
+from ..program import StagedProgram
 
 __all__ = ["DeviceTrainer"]
 
@@ -81,6 +92,10 @@ class DeviceTrainer:
         self.anchors: dict[str, torch.Tensor] = {}
         self.wanted: set[str] = set()
         self.steps = 0
+        self._stage_params: dict[
+            int, tuple[list[nn.Parameter], int]
+        ] = {}  # stage -> (params, ipu)
+        self._lock = threading.Lock()  # stage steps of several workers share the optimizer
 
     @property
     def loss_scaling(self) -> float:
@@ -108,42 +123,83 @@ class DeviceTrainer:
             apply_hyperparameters(self.optimizer, snap)
         self.snapshot = snap
 
+    def stage_steps(self, program: StagedProgram) -> Callable[[int], None] | None:
+        """The per-stage step to run on the workers of ``program``, or None where it cannot.
+
+        See [Note: per-stage optimizer steps].
+        """
+        if not self.fused:
+            return None
+        users: dict[int, set[int]] = {}
+        for spec in program.stages:
+            for p in spec.module.parameters():
+                users.setdefault(id(p), set()).add(spec.index)
+        self._stage_params = {
+            spec.index: ([p for p in self.params if users.get(id(p)) == {spec.index}], spec.ipu)
+            for spec in program.stages
+        }
+        return self.step_stage if any(ps for ps, _ in self._stage_params.values()) else None
+
+    def step_stage(self, stage: int) -> None:
+        """Step the parameters only ``stage`` uses (on its worker, after its last backward).
+
+        Does nothing while the snapshot clips the global gradient norm: ``step`` does it all.
+        """
+        params, ipu = self._stage_params[stage]
+        if params and not math.isfinite(self.snapshot.max_grad_norm):
+            self._apply(params, ipu)
+
     def step(self) -> None:
-        """Reduce, unscale, clip and apply the accumulated gradients, then clear them."""
-        start = time.perf_counter_ns()
-        before = offload_stats() if self.trace is not None else None
-        if self.fused:
-            self._record_gradients(1.0 / self._unscale(self.snapshot))
-            self.optimizer.step()
-        else:
-            self._torch_step()
-        if self.trace is not None and before is not None:
-            self.trace.record(0, _step_name(before, offload_stats()), "step", start,
-                              time.perf_counter_ns())  # fmt: skip
+        """Reduce, unscale, clip and apply the accumulated gradients, then clear them.
+
+        Parameters that a stage step already updated hold no gradient any more and are skipped.
+        """
+        self._apply(self.params, 0)
         self.steps += 1
         self._record("UpdatedVar___", lambda p: p.detach().clone())
-        for p in self.params:
-            p.grad = None
+
+    def _apply(self, params: list[nn.Parameter], ipu: int) -> None:
+        """One update of ``params`` (those with a gradient), then clear their gradients."""
+        if all(p.grad is None for p in params):
+            return  # e.g. the caller's step after the stage steps did everything
+        with self._lock:
+            start = time.perf_counter_ns()
+            before = offload_stats() if self.trace is not None else None
+            if self.fused:
+                self._record_gradients(1.0 / self._unscale(self.snapshot), params)
+                chosen = {id(p) for p in params}
+                flat = [p for g in self.optimizer.param_groups for p in g["params"]]
+                self.optimizer.step([p.grad if id(p) in chosen else None for p in flat])
+            else:
+                self._torch_step()
+            if self.trace is not None and before is not None:
+                self.trace.record(ipu, _step_name(before, offload_stats()), "step", start,
+                                  time.perf_counter_ns())  # fmt: skip
+            for p in params:
+                p.grad = None
 
     def _torch_step(self) -> None:
         grads = [p.grad for p in self.params if p.grad is not None]
         scale = 1.0 / self._unscale(self.snapshot)
         if scale != 1.0:
             torch._foreach_mul_(grads, scale)
-        self._record_gradients(1.0)
+        self._record_gradients(1.0, self.params)
         if math.isfinite(self.snapshot.max_grad_norm):
             nn.utils.clip_grad_norm_(self.params, self.snapshot.max_grad_norm)
         self.optimizer.step()
 
-    def _record_gradients(self, scale: float) -> None:
-        self._record("Gradient___", lambda p: None if p.grad is None else p.grad * scale)
+    def _record_gradients(self, scale: float, params: list[nn.Parameter]) -> None:
+        self._record("Gradient___", lambda p: None if p.grad is None else p.grad * scale, params)
 
     def _record(
-        self, prefix: str, value_of: Callable[[nn.Parameter], torch.Tensor | None]
+        self,
+        prefix: str,
+        value_of: Callable[[nn.Parameter], torch.Tensor | None],
+        params: list[nn.Parameter] | None = None,
     ) -> None:
         if not self.wanted:
             return
-        for p in self.params:
+        for p in self.params if params is None else params:
             name = prefix + self.names[id(p)]
             if name in self.wanted:
                 value = value_of(p)
