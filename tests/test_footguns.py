@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
+from oracle import train_reference
 from torch import nn
 
 import poptorch_sim as poptorch
+from poptorch_sim.executor.staged import StagedRunner
 
 
 def test_python_side_effects_in_forward_repeat_per_micro_batch() -> None:
@@ -51,3 +56,53 @@ def test_cycle_count_is_not_simulated() -> None:
         assert "only supported on actual IPU hardware" in str(err)
     else:
         raise AssertionError("cycleCount() should raise")
+
+
+class DataDependentBlocks(nn.Module):
+    """Two IPUs, but a branch on a tensor's value that torch.fx cannot trace."""
+
+    def __init__(self, begin_block: bool) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        second = nn.Linear(4, 3)
+        self.second = poptorch.BeginBlock(second, ipu_id=1) if begin_block else second
+        self.begin_block = begin_block
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with poptorch.Block("A", ipu_id=0):
+            h = torch.relu(self.first(x))
+            if h.sum() > 0:  # data-dependent: fx cannot trace this
+                h = h * 2
+        if self.begin_block:
+            out = self.second(h)
+        else:
+            with poptorch.Block("B", ipu_id=1):
+                out = self.second(h)
+        return out, nn.functional.cross_entropy(out, y)
+
+
+@pytest.mark.parametrize("begin_block", [False, True], ids=["with-Block", "BeginBlock"])
+def test_untraceable_model_with_blocks_runs_as_one_program(capfd, begin_block: bool) -> None:
+    # PopTorch would pipeline it over two IPUs. poptorch_sim needs an fx trace to cut stages,
+    # so it warns (naming the line) and runs the model on one simulated IPU: same numbers.
+    model = DataDependentBlocks(begin_block)
+    eager = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(3)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution())
+    training = poptorch.trainingModel(
+        model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)
+    )
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    for _ in range(2):
+        out, _ = training(x, y)
+    err = capfd.readouterr().err
+    assert "cannot trace DataDependentBlocks.forward" in err and "if h.sum() > 0" in err
+    assert "falls back to running this model as one program" in err
+    assert not isinstance(training._executable.program, StagedRunner)
+    eager_opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for _ in range(2):
+        outs = train_reference(eager, eager_opt, (x, y), 1, 3, 1)
+    torch.testing.assert_close(out, outs[0][-1][0][0])  # OutputMode.Final: the last micro-batch
+    for (name, ours), theirs in zip(model.state_dict().items(), eager.state_dict().values()):
+        torch.testing.assert_close(ours, theirs, msg=name)

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .. import env
+from ..compiler import TraceFailure
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
 from ..hardware import ipuHardwareIsAvailable
@@ -37,6 +38,14 @@ from .serialization import SerializationMixin
 from .staged import StagedRunner
 from .training import DeviceTrainer, OptimizerMixin
 from .weights import DeviceCopy, HostSync, owner_of
+
+# Simulated: a model with blocks that torch.fx cannot trace still runs, as one program.
+_EAGER_FALLBACK = (
+    "poptorch_sim falls back to running this model as one program on a single simulated IPU, "
+    "one micro-batch at a time: outputs, gradients and weights are the same as PopTorch's and "
+    "eager PyTorch's, but its blocks do not run on separate IPU threads (no pipelining or "
+    "sharding), and the pipeline checks (depth, IPU count) are not applied."
+)
 
 __all__ = ["PoplarExecutor"]
 
@@ -170,19 +179,26 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         self, device: DeviceCopy, bound: BoundArgs, layout: Layout
     ) -> EagerProgram | StagedRunner:
         first = layout.micro_batch(bound.map_tensors(_to_device_dtype), 0, 0, 0)
+        eager = None
         if not uses_begin_block(device.model):
-            replicated = layout.replicas > 1
-            broadcast = self._options.broadcast_buffers
-            buffers = (
-                ReplicaBuffers(device.model, layout.replicas)
-                if replicated and not broadcast
-                else None
-            )
-            program = EagerProgram(device.model, self._training, buffers, replicated and broadcast)
-            program.prepare(first, device.check_unchanged)
-            if not program.blocks_seen:
-                return program
-        return StagedRunner(device.model, self._options, first, self._training)
+            eager = self._eager_program(device, first, layout)
+            if not eager.blocks_seen:
+                return eager
+        try:
+            return StagedRunner(device.model, self._options, first, self._training)
+        except TraceFailure as failure:
+            logger.warning("%s\n%s", failure, _EAGER_FALLBACK)
+            return eager or self._eager_program(device, first, layout)
+
+    def _eager_program(self, device: DeviceCopy, first: BoundArgs, layout: Layout) -> EagerProgram:
+        replicated = layout.replicas > 1
+        broadcast = self._options.broadcast_buffers
+        buffers = (
+            ReplicaBuffers(device.model, layout.replicas) if replicated and not broadcast else None
+        )
+        program = EagerProgram(device.model, self._training, buffers, replicated and broadcast)
+        program.prepare(first, device.check_unchanged)
+        return program
 
     def isCompiled(self) -> bool:
         """Whether the model has been compiled (and not destroyed)."""
