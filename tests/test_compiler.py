@@ -8,6 +8,7 @@ passed upstream explicitly. Eager PyTorch is the oracle.
 from __future__ import annotations
 
 import copy
+import operator
 
 import pytest
 import torch
@@ -665,3 +666,76 @@ def test_identity_loss_is_the_final_loss(kind):
     args = (torch.randn(2, 3), torch.randn(2, 3))
     program = _check_training(Losses(kind), args, _options(ga=3), loss_of=lambda out: out[0])
     assert program.loss_name.startswith("identity_loss")
+
+
+# ---- tuple results and phases ------------------------------------------------------------------
+
+
+class SplitThenIndex(nn.Module):
+    """``torch.split`` in block A; its pieces are picked after A ended and used in B."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x):
+        with Block("A", ipu_id=0):
+            halves = torch.split(self.a(x), 2)
+            top, low = x.max(dim=1)
+        first = halves[0]  # indexing a tuple: no op in PopTorch, so no "No active Block" error
+        with Block("B", ipu_id=1):
+            out = self.b(first + halves[1]) * top.unsqueeze(1)[:2]
+            return out, identity_loss(out.sum() + low.float().sum(), "sum")
+
+
+def test_indexing_a_tuple_result_goes_with_the_op_that_made_it():
+    program = _check_training(SplitThenIndex(), (torch.randn(4, 4),), _options(ga=3))
+    picks = [  # the index of every getitem of each stage: ints pick from tuples
+        [type(n.args[1]) for n in stage.module.graph.nodes if n.target is operator.getitem]
+        for stage in program.stages
+    ]
+    assert picks == [[int] * 4, [slice]]  # halves[0], halves[1], top, low | the [:2] of a tensor
+    assert [(s.ipu, s.blocks) for s in program.stages] == [(0, ("A",)), (1, ("B",))]
+
+
+def test_indexing_a_tensor_after_its_block_ended_is_still_an_error():
+    class TensorIndex(nn.Module):
+        def forward(self, x):
+            with Block("A", ipu_id=0):
+                y = x * 2
+            z = y[0]
+            with Block("B", ipu_id=1):
+                return z + 1
+
+    with pytest.raises(Error, match="No active Block.*op 'getitem' runs after block 'A' ended"):
+        compile_program(TensorIndex(), _options(di=2), (torch.ones(2, 2),), {}, False)
+
+
+class CrossingPhase(nn.Module):
+    """In phase 1, IPU 1 uses a value of IPU 3 and IPU 3 one of IPU 1 (both ways)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.ParameterList(nn.Parameter(torch.randn(3, 3)) for _ in range(5))
+
+    def forward(self, x):
+        with Block("p0", ipu_id=0):
+            a = torch.relu(self.w[0] @ x)
+        with Block("i1", ipu_id=1):
+            b = torch.relu(self.w[1] @ a)
+        with Block("i3", ipu_id=3):
+            c = torch.relu(self.w[2] @ b)
+        with Block("i1b", ipu_id=1):
+            d = torch.relu(self.w[3] @ c)
+        with Block("i3b", ipu_id=3):
+            e = self.w[4] @ (d + c)
+            return e, identity_loss(e, "mean")
+
+
+def test_values_may_flow_both_ways_between_the_ipus_of_one_phase():
+    strategy = ParallelPhasedExecution(
+        Phase(Stage("p0").ipu(0)), Phase(Stage("i1", "i1b").ipu(1), Stage("i3", "i3b").ipu(3))
+    )
+    program = _check_training(CrossingPhase(), (torch.randn(3, 2),), _options(strategy=strategy))
+    assert [s.ipu for s in program.stages] == [0, 1, 3, 1, 3]

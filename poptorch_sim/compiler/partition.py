@@ -3,19 +3,24 @@
     ops before the first block         stage 0 (phase 0) on IPU 0
     ops inside / after a block start   the placement of that block entry (from the strategy)
     ops after a ``with Block`` ended   Error "No active Block, all the ops must belong to a Block"
+    ``out[i]`` of a tuple-valued op    with the op that made the tuple (see ``_tuple_source``)
     placeholders / get_attr            wherever they are used (not assigned here)
 
 Ops are grouped by (stage or phase, IPU); groups run in order of stage (phase), then of their
-first op. A value may skip stages but must never flow backwards. Consecutive groups on the same
-IPU are merged, as PopTorch merges them ("every time the IPU changes there is a new stage").
+first op. Within a phase, the IPUs exchange values both ways, so a phase's ops are cut into a new
+group each time the IPU changes in program order (phased execution runs as ordered shards). A
+value may skip stages but must never flow backwards. Consecutive groups on the same IPU are
+merged, as PopTorch merges them ("every time the IPU changes there is a new stage").
 Each op's ``node.meta`` gets ``block`` (id, None before the first block), ``stage`` and ``ipu``.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import torch.fx as fx
+from torch import nn
 
 from ..errors import Error
 from ..options.strategies import Placement, _IExecutionStrategy
@@ -26,6 +31,16 @@ __all__ = ["StagePlan", "Partition", "partition", "node_location", "NO_ACTIVE_BL
 NO_ACTIVE_BLOCK = "No active Block, all the ops must belong to a Block"
 _BEFORE_FIRST_BLOCK = Placement(0, 0, 0)
 OP_KINDS = ("call_function", "call_method", "call_module")
+
+# Ops that return a tuple of tensors. Taking ``out[i]`` of one is Python indexing, not an op, in
+# PopTorch (which traces tensors): it belongs with the op, even after its block has ended.
+_TUPLE_OPS = frozenset(
+    {"split", "split_with_sizes", "tensor_split", "chunk", "unbind", "hsplit", "vsplit",
+     "dsplit", "topk", "sort", "kthvalue", "mode", "aminmax", "std_mean", "var_mean", "frexp",
+     "meshgrid", "broadcast_tensors", "unique_consecutive"}
+)  # fmt: skip
+_TUPLE_WITH_DIM = frozenset({"max", "min", "median", "nanmedian"})  # a tuple only with ``dim``
+_TUPLE_MODULES = (nn.RNNBase, nn.MultiheadAttention)
 
 
 @dataclass
@@ -78,31 +93,79 @@ def _order(placement: Placement, phased: bool) -> int:
     return placement.phase if phased else placement.stage
 
 
-_Key = tuple[int, int]  # (stage or phase, IPU)
+def _returns_tuple(node: fx.Node, trace: Trace) -> bool:
+    if node.op == "call_module":
+        return isinstance(trace.resolve(str(node.target)), _TUPLE_MODULES)
+    if node.op == "call_function" and node.target is operator.getitem:
+        # ``lstm(x)[1]`` is the tuple (h, c)
+        source = node.args[0]
+        return (
+            isinstance(source, fx.Node)
+            and source.op == "call_module"
+            and isinstance(trace.resolve(str(source.target)), nn.LSTM)
+            and node.args[1] == 1
+        )
+    if node.op not in ("call_function", "call_method"):
+        return False
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if name in _TUPLE_WITH_DIM:
+        return isinstance(
+            node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None), int
+        )
+    return name in _TUPLE_OPS
+
+
+def _tuple_source(node: fx.Node, trace: Trace) -> fx.Node | None:
+    """The op whose tuple result ``node`` indexes (``out[i]``), if that is what ``node`` is."""
+    if node.op != "call_function" or node.target is not operator.getitem:
+        return None
+    source, index = node.args[0], node.args[1]
+    if isinstance(source, fx.Node) and isinstance(index, int) and _returns_tuple(source, trace):
+        return source
+    return None
+
+
+_Key = tuple[int, int, int]  # (stage or phase, IPU, run of that IPU within a phase)
+
+
+def _keys(trace: Trace, placements: list[Placement], phased: bool) -> dict[fx.Node, _Key]:
+    """The group key of every op, in graph order."""
+    key_of: dict[fx.Node, _Key] = {}
+    last_ipu: dict[int, int] = {}  # phase -> IPU of its latest op
+    runs: dict[int, int] = {}  # phase -> IPU changes so far within it
+    for node in trace.graph.nodes:
+        if node.op not in OP_KINDS:
+            continue
+        source = _tuple_source(node, trace)
+        if source is not None and source in key_of:
+            key_of[node] = key_of[source]
+            continue
+        placement = _placement(node, trace, placements)
+        order = _order(placement, phased)
+        if phased and last_ipu.get(order, placement.ipu) != placement.ipu:
+            runs[order] = runs.get(order, 0) + 1
+        last_ipu[order] = placement.ipu
+        key_of[node] = (order, placement.ipu, runs.get(order, 0))
+    return key_of
 
 
 def _group(
     trace: Trace, placements: list[Placement], phased: bool
-) -> tuple[list[StagePlan], dict[_Key, int], dict[fx.Node, int]]:
-    """Ops grouped by key, groups in pipeline order; the index of each key and op."""
+) -> tuple[list[StagePlan], dict[fx.Node, int]]:
+    """Ops grouped by key, groups in pipeline order; the index of each op's group."""
     groups: dict[_Key, StagePlan] = {}
     first: dict[_Key, int] = {}
-    key_of: dict[fx.Node, _Key] = {}
-    for position, node in enumerate(trace.graph.nodes):
-        if node.op not in OP_KINDS:
-            continue
-        placement = _placement(node, trace, placements)
-        key = (_order(placement, phased), placement.ipu)
+    key_of = _keys(trace, placements, phased)
+    for position, (node, key) in enumerate(key_of.items()):
         if key not in groups:
-            groups[key] = StagePlan(ipu=placement.ipu)
+            groups[key] = StagePlan(ipu=key[1])
             first[key] = position
         groups[key].nodes.append(node)
-        key_of[node] = key
     if not groups:  # a model without ops still has one (empty) stage
-        groups[(0, 0)], first[(0, 0)] = StagePlan(ipu=0), 0
+        groups[(0, 0, 0)], first[(0, 0, 0)] = StagePlan(ipu=0), 0
     order = sorted(groups, key=lambda k: (k[0], first[k]))
     index = {key: i for i, key in enumerate(order)}
-    return [groups[k] for k in order], index, {n: index[k] for n, k in key_of.items()}
+    return [groups[k] for k in order], {n: index[k] for n, k in key_of.items()}
 
 
 def _check_direction(plans: list[StagePlan], index_of: dict[fx.Node, int], trace: Trace) -> None:
@@ -150,6 +213,22 @@ def _stamp(trace: Trace, stages: list[StagePlan], stage_of: dict[fx.Node, int]) 
         node.meta["ipu"] = stages[index].ipu
 
 
+def _entry_stages(
+    trace: Trace, stages: list[StagePlan], stage_of: dict[fx.Node, int]
+) -> list[int | None]:
+    """The stage of each block entry's ops (None if it has none); names blocks on stages."""
+    entry_stage: list[int | None] = [None] * len(trace.entries)
+    for node, stage in stage_of.items():
+        entry = node.meta.get("block_entry")
+        if entry is None or node.meta.get("after_exit") or _tuple_source(node, trace):
+            continue
+        if entry_stage[entry] is None:
+            entry_stage[entry] = stage
+            if trace.entries[entry].block_id not in stages[stage].blocks:
+                stages[stage].blocks.append(trace.entries[entry].block_id)
+    return entry_stage
+
+
 def partition(trace: Trace, strategy: _IExecutionStrategy) -> Partition:
     """Assign every op of ``trace`` to a stage.
 
@@ -162,16 +241,10 @@ def partition(trace: Trace, strategy: _IExecutionStrategy) -> Partition:
     placer = strategy.placer()
     placements = [placer.place(e.block_id, e.ipu_id) for e in trace.entries]
     phased = strategy.mode == "phased"
-    plans, index_of_key, index_of = _group(trace, placements, phased)
+    plans, index_of = _group(trace, placements, phased)
     _check_direction(plans, index_of, trace)
     stages, new_index = _merge_same_ipu(plans)
     stage_of = {node: new_index[i] for node, i in index_of.items()}
     _stamp(trace, stages, stage_of)
-    entry_stage: list[int | None] = []
-    for entry, placement in zip(trace.entries, placements):
-        key = (_order(placement, phased), placement.ipu)
-        stage = new_index[index_of_key[key]] if key in index_of_key else None
-        entry_stage.append(stage)
-        if stage is not None and entry.block_id not in stages[stage].blocks:
-            stages[stage].blocks.append(entry.block_id)
+    entry_stage = _entry_stages(trace, stages, stage_of)
     return Partition(stages, stage_of, placements, entry_stage, _forward_stages(placements))
