@@ -6,7 +6,14 @@ PopTorch program unmodified.
 
 from __future__ import annotations
 
-from . import enums, ops, optim, options, poptorch_core
+from . import (
+    _impl,
+    enums,
+    ops,
+    optim,
+    options,
+    poptorch_core,
+)  # _impl: PopTorch programs reach poptorch._impl
 from .data import AsynchronousDataAccessor, DataLoader
 from .enums import (
     AnchorMode,

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..errors import Error
 from ..logger import logger
+from .precision import weights_follow_activations
 from .rebind import rebind_to_copies
 
 __all__ = ["DeviceCopy", "HostSync", "is_wrapped", "owner_of"]
@@ -231,6 +232,7 @@ class DeviceCopy:
         with _NoSync():
             self.model = copy.deepcopy(host, memo)
         _strip(self.model)
+        weights_follow_activations(self.model)
         rebuilt = rebind_to_copies(self.model, memo)
         if rebuilt:
             logger.debug(
