@@ -156,3 +156,35 @@ def test_optimizer_state_off_chip_matches_on_chip(opt_name: str) -> None:
         results.append([p.detach().clone() for p in model.parameters()])
     for on, off in zip(*results):
         torch.testing.assert_close(on, off, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bn_train", [False, True], ids=["bn-eval", "bn-train"])
+def test_frozen_model_trains_nothing_but_runs_like_eager(capfd, bn_train: bool) -> None:
+    """All parameters frozen (fine-tuning setups, PopTorch's own tests): no error, a warning."""
+
+    class Frozen(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(5, 5)
+            self.bn = nn.BatchNorm1d(5)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor):
+            out = self.bn(self.fc(x))
+            return out, nn.functional.mse_loss(out, y)
+
+    model = Frozen()
+    model.requires_grad_(False)
+    model.bn.train(bn_train)
+    eager = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(2)
+    training = poptorch.trainingModel(
+        model, opts, optimizer=torch.optim.SGD(model.parameters(), lr=1.0)
+    )
+    x, y = torch.randn(8, 5), torch.randn(8, 5)
+    out, _ = training(x, y)
+    assert "does not depend on any parameter that requires grad" in capfd.readouterr().err
+    expected = [eager(x[i : i + 4], y[i : i + 4])[0] for i in (0, 4)][-1]
+    torch.testing.assert_close(out, expected)
+    for (name, ours), theirs in zip(model.state_dict().items(), eager.state_dict().values()):
+        torch.testing.assert_close(ours, theirs, msg=name)

@@ -149,3 +149,32 @@ def test_broadcast_buffer_update_with_replicas_is_an_error() -> None:
     training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(poptorch.Error, match="PopTorch does not support broadcasting buffers"):
         training(torch.randn(4, 3), torch.randn(4, 2))
+
+
+def test_weight_norm_model_is_copied_and_trained_like_eager() -> None:
+    # weight_norm keeps a computed (non-leaf) ``weight`` that copy.deepcopy refuses.
+    class Normed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.utils.weight_norm(nn.Linear(4, 3))
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor):
+            out = self.fc(x)
+            return out, nn.functional.mse_loss(out, y)
+
+    model = Normed()
+    eager = copy.deepcopy(model.state_dict())
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = torch.randn(2, 4), torch.randn(2, 3)
+    for _ in range(3):
+        training(x, y)
+    ours = copy.deepcopy(model.state_dict())
+    training.destroy()
+    model.load_state_dict(eager)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model.fc(x), y).backward()
+        optimizer.step()
+    assert not torch.equal(ours["fc.weight_v"], eager["fc.weight_v"])
+    torch.testing.assert_close(ours, model.state_dict())

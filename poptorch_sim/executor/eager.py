@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from ..errors import Error
 from ..ipu_context import running_on_ipu
+from ..logger import logger
 from ..ops.blocks import recording_blocks
 from ..ops.control import training_graph
 from ..ops.printing import prints_suppressed
@@ -127,6 +127,8 @@ class EagerProgram:
         leaves, self.out_spec = pytree.tree_flatten(out)
         k = final_loss(recorder.losses)
         loss = recorder.losses[k]
+        if loss.grad_fn is None:
+            logger.warning(NOTHING_TO_TRAIN)
         leaf = next((i for i, t in enumerate(leaves) if t is loss), None)
         self.loss = LossLocator(leaf, k)
 
@@ -177,11 +179,15 @@ def _detach(t: Any) -> Any:
     return t.detach() if isinstance(t, torch.Tensor) else t
 
 
+NOTHING_TO_TRAIN = (
+    "The final loss does not depend on any parameter that requires grad, so training changes "
+    "no weights (buffers such as BatchNorm statistics still update in train mode); if that is "
+    "not what you meant, check that the loss is computed from the model's outputs"
+)
+
+
 def _backward(loss: torch.Tensor | None, loss_scale: float) -> None:
     if loss is None or loss.grad_fn is None:
-        raise Error(
-            "The final loss does not depend on any trainable parameter, so there is nothing to "
-            "train: check that the loss is computed from the model's outputs"
-        )
+        return  # a frozen model; see NOTHING_TO_TRAIN
     grad = torch.full_like(loss, loss_scale)
     loss.backward(grad)

@@ -66,6 +66,8 @@ def final_loss(losses: list[torch.Tensor]) -> int:
     """
     candidates = [i for i, t in enumerate(losses) if t.grad_fn is not None]
     if not candidates:
+        if losses:  # nothing requires grad (a frozen model): backward has nothing to do
+            return len(losses) - 1
         raise Error(NO_LOSS)
     graphs = {i: _ancestors(losses[i]) for i in candidates}
     finals = [

@@ -228,8 +228,8 @@ class DeviceCopy:
     """
 
     def __init__(self, host: nn.Module, device: torch.device | None = None) -> None:
-        memo: dict[int, Any] = {}
         with _NoSync():
+            memo = _derived_tensor_copies(host)
             self.model = copy.deepcopy(host, memo)
         _strip(self.model)
         weights_follow_activations(self.model)
@@ -271,6 +271,21 @@ class DeviceCopy:
                     f"method. This is not supported. Consider using self.{name}.copy_(src) to "
                     "copy data from a source tensor, where src is the name of the source tensor."
                 )
+
+
+def _derived_tensor_copies(host: nn.Module) -> dict[int, Any]:
+    """A deep-copy memo for tensors that modules keep computed from their parameters.
+
+    ``torch.nn.utils.weight_norm`` keeps ``weight`` as a non-leaf tensor attribute, which
+    ``copy.deepcopy`` refuses; its hook recomputes it before each forward, so a detached copy of
+    the current value is all the device copy needs.
+    """
+    memo: dict[int, Any] = {}
+    for module in host.modules():
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor) and not value.is_leaf:
+                memo[id(value)] = value.detach().clone()
+    return memo
 
 
 def _pair_tensors(
