@@ -128,4 +128,11 @@ def debug_once(message: str) -> None:
         logger.debug(message)
 
 
+def warning_once(message: str) -> None:
+    """Log ``message`` as a warning the first time it is seen in this process."""
+    if message not in _said:
+        _said.add(message)
+        logger.warning(message)
+
+
 setLogLevel(env.log_level())

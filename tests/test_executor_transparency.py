@@ -10,6 +10,7 @@ from oracle import expected_output, train_reference
 from torch import nn
 
 import poptorch_sim as poptorch
+from poptorch_sim import logger as poptorch_logger
 
 OPTIMIZERS = {
     "SGD": lambda p: poptorch.optim.SGD(p, lr=0.05, momentum=0.9),
@@ -188,3 +189,26 @@ def test_frozen_model_trains_nothing_but_runs_like_eager(capfd, bn_train: bool) 
     torch.testing.assert_close(out, expected)
     for (name, ours), theirs in zip(model.state_dict().items(), eager.state_dict().values()):
         torch.testing.assert_close(ours, theirs, msg=name)
+
+
+def test_inputs_that_require_grad_are_detached_with_poptorchs_warning(capfd, monkeypatch) -> None:
+    monkeypatch.setattr(poptorch_logger, "_said", set())  # the warning is given once a process
+
+    class WithLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 1)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.fc(x)
+            return out, out.abs().mean() + nn.functional.l1_loss(out, torch.zeros_like(out))
+
+    model = WithLoss()
+    x = torch.randn(3, 2, requires_grad=True)
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    out, _ = training(x)
+    assert "This tensor will be detached because backward pass via inputs is not supported" in (
+        capfd.readouterr().err
+    )
+    assert x.grad is None  # eager PyTorch would have filled it; PopTorch does not
+    assert not out.requires_grad

@@ -20,7 +20,7 @@ from ..compiler import TraceFailure
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
 from ..hardware import ipuHardwareIsAvailable
-from ..logger import logger
+from ..logger import logger, warning_once
 from ..ops.blocks import uses_begin_block
 from ..optim import SGD
 from ..optim.snapshot import OptimizerSnapshot
@@ -38,6 +38,12 @@ from .serialization import SerializationMixin
 from .staged import StagedRunner
 from .training import DeviceTrainer, OptimizerMixin
 from .weights import DeviceCopy, HostSync, owner_of
+
+# PopTorch's wording.
+_DETACHED_INPUT = (
+    "Input tensor has requires_grad=True set. This tensor will be detached because backward "
+    "pass via inputs is not supported."
+)
 
 # Simulated: a model with blocks that torch.fx cannot trace still runs, as one program.
 _EAGER_FALLBACK = (
@@ -397,6 +403,9 @@ def _layout(options: Options, training: bool) -> Layout:
 
 
 def _to_device_dtype(t: torch.Tensor) -> torch.Tensor:
+    if t.requires_grad:
+        warning_once(_DETACHED_INPUT)
+        t = t.detach()
     # An IPU has no float64: float64 inputs are converted before they are uploaded.
     return t.float() if t.dtype == torch.float64 else t
 
