@@ -51,3 +51,18 @@ def test_cycle_count_is_not_simulated() -> None:
         assert "only supported on actual IPU hardware" in str(err)
     else:
         raise AssertionError("cycleCount() should raise")
+
+
+def test_cuda_runs_the_generic_kernels_which_the_tile_engine_does_not_count() -> None:
+    # CUDA tensors run torch's kernels through poptorch_sim/kernels/generic/, not tile
+    # kernels: the ops have CUDA kernels, and the engine counters see only the C++ ones.
+    from poptorch_sim import kernels
+    from poptorch_sim.kernels import generic
+
+    for name in generic.KERNELS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"poptorch_sim::{name}", "CUDA")
+    kernels.reset_counters()
+    generic.sort(torch.randn(100))
+    assert "sort" not in kernels.counters()
+    kernels.sort(torch.randn(100))
+    assert kernels.counters()["sort"].calls == 1
