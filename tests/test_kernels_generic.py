@@ -127,7 +127,10 @@ def test_nms_equals_the_tile_kernel(n, dtype, threshold):
     assert torch.equal(G.nms(boxes, scores, threshold), OPS.nms(boxes, scores, threshold))
 
 
-@pytest.mark.parametrize("n", [0, 300, 2000], ids=["empty", "offset-path", "per-class-path"])
+@pytest.mark.parametrize(
+    "n", [0, 300, 1000, 1001, 2000],
+    ids=["empty", "offset-path", "offset-path-limit", "per-class-path-limit", "per-class-path"],
+)  # fmt: skip
 def test_batched_nms_equals_the_tile_kernel(n):
     boxes, scores = _boxes(n)
     idxs = torch.randint(0, 5, (n,))

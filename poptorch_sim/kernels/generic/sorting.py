@@ -143,11 +143,24 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     return order[kept]
 
 
-def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
-    """``poptorch_sim::batched_nms``: :func:`torchvision.ops.batched_nms`, stable score order.
+def _per_class_nms(boxes: Tensor, ranks: Tensor, classes: Tensor, threshold: float) -> Tensor:
+    """One NMS per category; kept positions in score order (positions are ranks here)."""
+    import torchvision
 
-    torchvision picks its coordinate-offset path up to 4000 coordinates and one NMS per
-    category above, as the C++ kernel does, so the kept sets agree on both paths.
+    kept = []
+    for category in torch.unique(classes):
+        members = torch.nonzero(classes == category).flatten()
+        kept.append(members[torchvision.ops.nms(boxes[members], ranks[members], threshold)])
+    return torch.sort(torch.cat(kept)).values
+
+
+def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
+    """``poptorch_sim::batched_nms``: :func:`torchvision.ops.batched_nms`'s contract.
+
+    Above 4000 coordinates one NMS per category, else torchvision's coordinate-offset trick in
+    its arithmetic, as the C++ kernel (and torchvision on the CPU) decide; torchvision itself
+    moves that limit to 20000 on CUDA, which could change the kept set, so both paths are
+    spelled out here.
     """
     import torchvision
 
@@ -165,6 +178,9 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
     if boxes.size(0) == 0:
         return torch.empty(0, dtype=torch.int64, device=boxes.device)
     order, ranks = _score_order(scores)
-    classes = idxs.to(boxes.device)[order]
-    kept = torchvision.ops.batched_nms(boxes[order], ranks, classes, float(iou_threshold))
-    return order[kept]
+    ordered, classes = boxes[order], idxs.to(boxes.device)[order]
+    threshold = float(iou_threshold)
+    if boxes.numel() > 4000:
+        return order[_per_class_nms(ordered, ranks, classes, threshold)]
+    offsets = classes.to(boxes.dtype) * (boxes.max() + 1)
+    return order[torchvision.ops.nms(ordered + offsets[:, None], ranks, threshold)]
