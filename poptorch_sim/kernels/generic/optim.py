@@ -53,7 +53,7 @@ def _sqrt(x: Tensor) -> Tensor:
     CUDA's float32 ``sqrt`` is IEEE-rounded; torch's CPU one is not always (vectorised
     approximations), so on the CPU it is taken in double, which rounds to the same float.
     """
-    return x.sqrt() if x.device.type == "cuda" else x.double().sqrt().float()
+    return x.double().sqrt().float() if x.device.type == "cpu" else x.sqrt()
 
 
 def _store(dst: Tensor, value: Tensor) -> None:
