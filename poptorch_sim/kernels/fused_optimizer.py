@@ -221,16 +221,22 @@ class FusedOptimizer:
         return float(torch.clamp(coef, max=1.0))
 
     def _zeros(self, p: Tensor, order: int) -> Tensor:
-        return self._placed(p, torch.zeros(p.shape, dtype=self.state_dtypes[order]))
+        home, pin = self._home(p)
+        return torch.zeros(p.shape, dtype=self.state_dtypes[order], device=home, pin_memory=pin)
+
+    def _home(self, p: Tensor) -> tuple[torch.device, bool]:
+        """Where ``p``'s state lives: beside ``p`` on chip, in host memory off chip.
+
+        Off-chip state of a CUDA parameter is pinned (the second value), so each streamed
+        chunk is copied to the device asynchronously (see [Note: generic off-chip streaming]).
+        """
+        if not self.off_chip:
+            return p.device, False
+        return torch.device("cpu"), p.device.type == "cuda"
 
     def _placed(self, p: Tensor, state: Tensor) -> Tensor:
-        """``state`` where ``p``'s state lives: beside ``p`` on chip, in host memory off chip.
-
-        Off-chip state of a CUDA parameter is pinned, so each streamed chunk is copied to the
-        device asynchronously (see [Note: generic off-chip streaming]).
-        """
-        home = torch.device("cpu") if self.off_chip else p.device
-        pin = self.off_chip and p.device.type == "cuda"
+        """``state`` moved (if it is not there yet) to where ``p``'s state lives."""
+        home, pin = self._home(p)
         if state.device == home and state.is_contiguous() and (state.is_pinned() or not pin):
             return state
         moved = state.to(home).contiguous()
