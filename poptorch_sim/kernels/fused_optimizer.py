@@ -200,7 +200,7 @@ class FusedOptimizer:
         clip = self._clip_coef([grad_of[id(p)] for ps in live for p in ps])
         chunk = self.chunk_elements if self.off_chip else 0
         common = dict(loss_scaling=self.loss_scaling, clip_coef=clip, chunk_elements=chunk)
-        self._place_states(p for ps in live for p in ps)
+        self._place_states([p for ps in live for p in ps])
         self._grad_of = grad_of
         try:
             for group, params in zip(self.param_groups, live):
@@ -237,14 +237,17 @@ class FusedOptimizer:
     def _placed(self, p: Tensor, state: Tensor) -> Tensor:
         """``state`` moved (if it is not there yet) to where ``p``'s state lives."""
         home, pin = self._home(p)
-        if state.device == home and state.is_contiguous() and (state.is_pinned() or not pin):
+        if state.device == home and (not pin or state.is_pinned()) and state.is_contiguous():
             return state
         moved = state.to(home).contiguous()
         return moved.pin_memory() if pin else moved
 
-    def _place_states(self, params: Iterable[Tensor]) -> None:
+    def _place_states(self, params: list[Tensor]) -> None:
         # State loaded from a checkpoint, written by import_state, or created before the
         # runtime moved the parameters to their device is moved (once) to where it belongs.
+        # CPU parameters only ever get CPU state, so their (per-step) check is skipped.
+        if not any(p.is_cuda for p in params):
+            return
         for p in params:
             for name, value in self.state.get(p, {}).items():
                 if name != "step" and isinstance(value, Tensor):
