@@ -140,6 +140,24 @@ def test_batched_nms_equals_the_tile_kernel(n):
         assert mine.numel() > 0
 
 
+@pytest.mark.parametrize("threshold", [0.3, 0.5, 0.7, 1 / 3], ids=lambda t: f"iou{t:.3f}")
+def test_nms_threshold_decides_like_the_double_comparison_in_float(threshold):
+    # torchvision's CUDA kernel compares the float IoU with a float threshold; the generic
+    # kernels hand it one that decides every float IoU as `iou > threshold` in double does.
+    from poptorch_sim.kernels.generic.sorting import _threshold
+
+    f = torch.tensor(_threshold(torch.zeros(1, 4), threshold), dtype=torch.float32)
+    near = torch.tensor(threshold, dtype=torch.float32)
+    ious = [near]
+    for direction in (math.inf, -math.inf):
+        x = near
+        for _ in range(3):
+            x = torch.nextafter(x, torch.tensor(direction, dtype=torch.float32))
+            ious.append(x)
+    for iou in ious:
+        assert bool(iou > f) == (float(iou) > threshold), float(iou)
+
+
 def test_nms_rejects_nan_boxes_like_the_tile_kernel():
     boxes, scores = _boxes(4)
     boxes[2, 1] = math.nan

@@ -9,6 +9,8 @@ to the C++ kernels', not just close, on any device whose ``torch.sort(stable=Tru
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -131,6 +133,23 @@ def _score_order(scores: Tensor) -> tuple[Tensor, Tensor]:
     return order, ranks
 
 
+def _threshold(boxes: Tensor, iou_threshold: float) -> float:
+    """The threshold that decides ``float IoU > iou_threshold`` alike on every device.
+
+    For float32 boxes the IoU is a float; torchvision's CPU kernel compares it with the double
+    threshold, its CUDA kernel with the threshold rounded to float. The largest float not above
+    the threshold decides exactly as the double comparison does, in both (the C++ kernel's
+    ``float_threshold``).
+    """
+    t = float(iou_threshold)
+    if boxes.dtype != torch.float32:
+        return t
+    f = torch.tensor(t, dtype=torch.float32)
+    if float(f) > t:
+        f = torch.nextafter(f, torch.tensor(-math.inf, dtype=torch.float32))
+    return float(f)
+
+
 def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     """``poptorch_sim::nms``: :func:`torchvision.ops.nms` with stable score order."""
     import torchvision
@@ -139,7 +158,7 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     if boxes.size(0) == 0:
         return torch.empty(0, dtype=torch.int64, device=boxes.device)
     order, ranks = _score_order(scores)
-    kept = torchvision.ops.nms(boxes[order], ranks, float(iou_threshold))
+    kept = torchvision.ops.nms(boxes[order], ranks, _threshold(boxes, iou_threshold))
     return order[kept]
 
 
@@ -179,7 +198,7 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
         return torch.empty(0, dtype=torch.int64, device=boxes.device)
     order, ranks = _score_order(scores)
     ordered, classes = boxes[order], idxs.to(boxes.device)[order]
-    threshold = float(iou_threshold)
+    threshold = _threshold(boxes, iou_threshold)
     if boxes.numel() > 4000:
         return order[_per_class_nms(ordered, ranks, classes, threshold)]
     offsets = classes.to(boxes.dtype) * (boxes.max() + 1)
