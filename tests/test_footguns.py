@@ -106,3 +106,18 @@ def test_untraceable_model_with_blocks_runs_as_one_program(capfd, begin_block: b
     torch.testing.assert_close(out, outs[0][-1][0][0])  # OutputMode.Final: the last micro-batch
     for (name, ours), theirs in zip(model.state_dict().items(), eager.state_dict().values()):
         torch.testing.assert_close(ours, theirs, msg=name)
+
+
+def test_cuda_runs_the_generic_kernels_which_the_tile_engine_does_not_count() -> None:
+    # CUDA tensors run torch's kernels through poptorch_sim/kernels/generic/, not tile
+    # kernels: the ops have CUDA kernels, and the engine counters see only the C++ ones.
+    from poptorch_sim import kernels
+    from poptorch_sim.kernels import generic
+
+    for name in generic.KERNELS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"poptorch_sim::{name}", "CUDA")
+    kernels.reset_counters()
+    generic.sort(torch.randn(100))
+    assert "sort" not in kernels.counters()
+    kernels.sort(torch.randn(100))
+    assert kernels.counters()["sort"].calls == 1

@@ -151,6 +151,7 @@ def test_broadcast_buffer_update_with_replicas_is_an_error() -> None:
         training(torch.randn(4, 3), torch.randn(4, 2))
 
 
+@pytest.mark.filterwarnings("ignore:.*weight_norm.*deprecated:FutureWarning")
 def test_weight_norm_model_is_copied_and_trained_like_eager() -> None:
     # weight_norm keeps a computed (non-leaf) ``weight`` that copy.deepcopy refuses.
     class Normed(nn.Module):

@@ -7,10 +7,11 @@ sum of its micro-batch gradients, each multiplied by the loss scaling. The step 
     clip the global gradient norm to max_grad_norm           (as torch.nn.utils.clip_grad_norm_)
     update with the snapshot's hyper-parameters              (frozen until setOptimizer)
 
-all in one pass of the fused C++ kernels (``poptorch_sim.kernels.FusedOptimizer``), with the
-optimizer state on chip or, per ``TensorLocations.setOptimizerLocation``, off chip and streamed
-through a bounded staging buffer. Algorithms the kernels do not cover (RMSprop's TensorFlow
-variant) run on a torch optimizer instead.
+all in one pass of the fused kernels (``poptorch_sim.kernels.FusedOptimizer``: the C++ tile
+kernels for CPU parameters, their generic torch implementations for CUDA ones), with the
+optimizer state on chip or, per ``TensorLocations.setOptimizerLocation``, off chip (host memory)
+and streamed through the device in bounded chunks. Algorithms the kernels do not cover
+(RMSprop's TensorFlow variant) run on a torch optimizer instead.
 
 [Note: per-stage optimizer steps]
 In a pipelined or sharded model each IPU updates its own weights: the parameters that only stage
@@ -204,7 +205,8 @@ class DeviceTrainer:
             if name in self.wanted:
                 value = value_of(p)
                 if value is not None:
-                    self.anchors[name] = value
+                    # Anchors are host tensors, as PopTorch streams them (no-op on the CPU).
+                    self.anchors[name] = value.to("cpu")
 
 
 def _step_name(before: dict[str, int], after: dict[str, int]) -> str:

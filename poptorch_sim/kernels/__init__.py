@@ -1,15 +1,18 @@
 """The C++ tile kernels (``torch.ops.poptorch_sim.*``) and their typed Python wrappers.
 
-Importing this package loads ``poptorch_sim._C``. Sorting family and tile engine: this
-package's :mod:`.sorting` and :mod:`.engine`; accumulation, fused optimizer updates and
-off-chip state streaming: :mod:`.optim`.
+Importing this package loads ``poptorch_sim._C`` (the CPU kernels) and registers the generic
+torch implementations of :mod:`.generic` as the ops' CUDA kernels. Sorting family and tile
+engine: this package's :mod:`.sorting` and :mod:`.engine`; accumulation, fused optimizer
+updates and off-chip state streaming: :mod:`.optim`.
 """
 
 from __future__ import annotations
 
-from . import engine
+from . import engine, generic
 from .engine import KernelCounters, counters, num_tiles, reset_counters, set_num_tiles, tiles
 from .sorting import argsort, batched_nms, nms, sort, topk
+
+generic.register("cuda")
 
 __all__ = [
     "KernelCounters",
@@ -17,6 +20,7 @@ __all__ = [
     "batched_nms",
     "counters",
     "engine",
+    "generic",
     "nms",
     "num_tiles",
     "reset_counters",

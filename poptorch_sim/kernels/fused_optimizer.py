@@ -1,4 +1,9 @@
-"""``FusedOptimizer``: the runtime's optimizer step on the fused C++ kernels, state on/off-chip."""
+"""``FusedOptimizer``: the runtime's optimizer step on the fused kernels, state on/off-chip.
+
+CPU parameters step on the C++ tile kernels, CUDA parameters on their generic torch
+implementations (:mod:`.generic`); on-chip state lives beside its parameter, off-chip state in
+host memory (pinned for CUDA parameters) and is streamed through the device in chunks.
+"""
 
 from __future__ import annotations
 
@@ -51,7 +56,7 @@ def _check_accum_type(dtype: torch.dtype) -> None:
 
 
 class FusedOptimizer:
-    """An optimizer whose ``step`` runs one fused C++ update per parameter group.
+    """An optimizer whose ``step`` runs one fused update per parameter group.
 
     ``step()`` reads ``p.grad`` (already reduced over accumulation steps and replicas, still
     multiplied by ``loss_scaling``), divides by ``loss_scaling``, clips to ``max_grad_norm``
@@ -195,6 +200,7 @@ class FusedOptimizer:
         clip = self._clip_coef([grad_of[id(p)] for ps in live for p in ps])
         chunk = self.chunk_elements if self.off_chip else 0
         common = dict(loss_scaling=self.loss_scaling, clip_coef=clip, chunk_elements=chunk)
+        self._place_states([p for ps in live for p in ps])
         self._grad_of = grad_of
         try:
             for group, params in zip(self.param_groups, live):
@@ -215,8 +221,37 @@ class FusedOptimizer:
         return float(torch.clamp(coef, max=1.0))
 
     def _zeros(self, p: Tensor, order: int) -> Tensor:
-        return torch.zeros_like(p, dtype=self.state_dtypes[order],
-                                memory_format=torch.contiguous_format)  # fmt: skip
+        home, pin = self._home(p)
+        return torch.zeros(p.shape, dtype=self.state_dtypes[order], device=home, pin_memory=pin)
+
+    def _home(self, p: Tensor) -> tuple[torch.device, bool]:
+        """Where ``p``'s state lives: beside ``p`` on chip, in host memory off chip.
+
+        Off-chip state of a CUDA parameter is pinned (the second value), so each streamed
+        chunk is copied to the device asynchronously (see [Note: generic off-chip streaming]).
+        """
+        if not self.off_chip:
+            return p.device, False
+        return torch.device("cpu"), p.device.type == "cuda"
+
+    def _placed(self, p: Tensor, state: Tensor) -> Tensor:
+        """``state`` moved (if it is not there yet) to where ``p``'s state lives."""
+        home, pin = self._home(p)
+        if state.device == home and (not pin or state.is_pinned()) and state.is_contiguous():
+            return state
+        moved = state.to(home).contiguous()
+        return moved.pin_memory() if pin else moved
+
+    def _place_states(self, params: list[Tensor]) -> None:
+        # State loaded from a checkpoint, written by import_state, or created before the
+        # runtime moved the parameters to their device is moved (once) to where it belongs.
+        # CPU parameters only ever get CPU state, so their (per-step) check is skipped.
+        if not any(p.is_cuda for p in params):
+            return
+        for p in params:
+            for name, value in self.state.get(p, {}).items():
+                if name != "step" and isinstance(value, Tensor):
+                    self.state[p][name] = self._placed(p, value)
 
     def _steps(self, params: list[Tensor]) -> list[float]:
         out = []
@@ -343,4 +378,5 @@ class FusedOptimizer:
         if not isinstance(value, Tensor):
             return value
         order = 1 if name in ("exp_avg_sq", "square_avg") else 0
-        return value.detach().to(self.state_dtypes[order], copy=True).contiguous()
+        loaded = value.detach().to(self.state_dtypes[order], copy=True).contiguous()
+        return self._placed(p, loaded)

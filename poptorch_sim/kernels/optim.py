@@ -1,4 +1,8 @@
-"""Typed wrappers of the accumulation and fused-optimizer tile kernels, and ``FusedOptimizer``."""
+"""Typed wrappers of the accumulation and fused-optimizer tile kernels, and ``FusedOptimizer``.
+
+Each op runs the C++ kernel on CPU tensors and its generic torch implementation
+(:mod:`.generic`) when any operand is on CUDA.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import torch
 from torch import Tensor
 
 from .engine import load_library
+from .generic import offload as generic_offload
 
 __all__ = [
     "KINDS",
@@ -36,8 +41,10 @@ def accumulate_(accum: Tensor, grad: Tensor, scale: float = 1.0) -> Tensor:
     """Adds ``grad * scale`` into the flat accumulator ``accum`` in place.
 
     Args:
-        accum: contiguous float32/float16/bfloat16 accumulator (the optimizer's ``accum_type``).
-        grad: gradient with the same number of elements, float32/float16/bfloat16.
+        accum: contiguous float32/float16/bfloat16 accumulator (the optimizer's ``accum_type``),
+            on the CPU or a CUDA device.
+        grad: gradient with the same number of elements, float32/float16/bfloat16, on
+            ``accum``'s device.
         scale: 1/(GA*R) for Mean reduction, 1.0 for Sum.
 
     Returns:
@@ -59,7 +66,7 @@ def grad_norm(grads: list[Tensor], loss_scaling: float = 1.0) -> Tensor:
     """Global L2 norm of ``grads / loss_scaling`` (as ``clip_grad_norm_`` computes it).
 
     Returns:
-        A 0-d float32 tensor.
+        A 0-d float32 tensor, on the CPU for CPU gradients, else on the first one's device.
     """
     if not grads:
         return torch.zeros((), dtype=torch.float32)
@@ -125,18 +132,20 @@ def lamb_step_(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor]
 
 
 def offload_stats() -> dict[str, int]:
-    """Off-chip streaming counters since the last reset.
+    """Off-chip streaming counters since the last reset, C++ (CPU) and generic (CUDA) kernels.
 
     Returns:
         ``{"chunks": ..., "bytes_to_device": ..., "bytes_to_host": ...}``.
     """
-    chunks, to_device, to_host = _ops.offload_stats()
+    cpp = _ops.offload_stats()
+    chunks, to_device, to_host = (a + b for a, b in zip(cpp, generic_offload.stats()))
     return {"chunks": chunks, "bytes_to_device": to_device, "bytes_to_host": to_host}
 
 
 def offload_reset_stats() -> None:
-    """Zeroes the off-chip streaming counters."""
+    """Zeroes the off-chip streaming counters (of the C++ and of the generic kernels)."""
     _ops.offload_reset_stats()
+    generic_offload.reset_stats()
 
 
 def _register_fakes() -> None:

@@ -5,7 +5,9 @@ engine's tiles (see :mod:`poptorch_sim.kernels.engine`): per-tile radix sorts of
 (order-preserving key, index) items merged across tiles in supersteps, PopLibs-style bitonic
 merge-and-keep-best for top-k, and a blocked greedy pass for NMS. Each op is a real
 ``torch.ops.poptorch_sim`` op with a fake (meta) implementation, so fx, ``torch.compile`` and
-``torch.library.opcheck`` see it; ``sort`` and ``topk`` values are differentiable.
+``torch.library.opcheck`` see it; ``sort`` and ``topk`` values are differentiable. CUDA
+tensors run the generic implementations of :mod:`.generic.sorting` (``torch.sort`` and
+torchvision's NMS under the same contracts), registered as the ops' CUDA kernels.
 
 Contracts: ``sort``/``argsort``/``topk`` follow ``torch.sort``/``torch.topk`` (NaN sorts as the
 largest value, ``-0.0`` equals ``0.0``), and are stable: equal values keep their input order,
@@ -28,12 +30,16 @@ load_library()
 _ops = torch.ops.poptorch_sim
 
 
+_DEVICE_TYPES = ("cpu", "cuda", "meta")
+
+
 def _check_device(name: str, *tensors: Tensor) -> None:
     for tensor in tensors:
-        if tensor.device.type not in ("cpu", "meta"):
+        if tensor.device.type not in _DEVICE_TYPES:
             raise RuntimeError(
-                f"poptorch_sim.kernels.{name}: the tile kernels run on the CPU, got a tensor "
-                f"on {tensor.device}; move it with .cpu() first"
+                f"poptorch_sim.kernels.{name}: the kernels run on the CPU (tile kernels) or on "
+                f"CUDA (generic torch implementations), got a tensor on {tensor.device}; move "
+                "it with .cpu() first"
             )
 
 
@@ -43,7 +49,8 @@ def sort(
     """Sorts ``input`` along ``dim`` over the tile engine, like :func:`torch.sort`.
 
     Args:
-        input: a float32/float64/float16/bfloat16/int64/int32/int16/int8/uint8 CPU tensor.
+        input: a float32/float64/float16/bfloat16/int64/int32/int16/int8/uint8 tensor on the
+            CPU or a CUDA device.
         dim: the dimension to sort along (default -1).
         descending: sort largest first (default False).
         stable: accepted for :func:`torch.sort` compatibility; the sort is always stable.
@@ -52,7 +59,7 @@ def sort(
         ``(values, indices)`` as ``torch.return_types.sort``; indices are int64.
 
     Raises:
-        RuntimeError: unsupported dtype or a non-CPU tensor.
+        RuntimeError: unsupported dtype or a tensor on neither the CPU nor CUDA.
         IndexError: ``dim`` out of range.
 
     >>> sort(torch.tensor([3.0, float("nan"), -1.0])).values
@@ -68,7 +75,7 @@ def argsort(input: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
     """Returns the int64 indices that sort ``input`` along ``dim`` (stable), like ``torch.argsort``.
 
     Args:
-        input: a CPU tensor of a dtype :func:`sort` accepts.
+        input: a CPU or CUDA tensor of a dtype :func:`sort` accepts.
         dim: the dimension to sort along (default -1).
         descending: sort largest first (default False).
 
@@ -92,7 +99,7 @@ def topk(
     index is chosen. Results come out sorted whatever ``sorted`` says (which it permits).
 
     Args:
-        input: a CPU tensor of a dtype :func:`sort` accepts.
+        input: a CPU or CUDA tensor of a dtype :func:`sort` accepts.
         k: how many elements to keep, ``0 <= k <= input.size(dim)``.
         dim: the dimension to select along (default -1).
         largest: keep the largest (default) or the smallest.
@@ -102,7 +109,8 @@ def topk(
         ``(values, indices)`` as ``torch.return_types.topk``.
 
     Raises:
-        RuntimeError: ``k`` out of range, unsupported dtype or a non-CPU tensor.
+        RuntimeError: ``k`` out of range, unsupported dtype, or a tensor on neither the CPU
+            nor CUDA.
 
     >>> topk(torch.tensor([1.0, 5.0, 3.0]), 2).indices
     tensor([1, 2])
@@ -119,7 +127,7 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     box is greater than ``iou_threshold``. Equal scores keep their input order.
 
     Args:
-        boxes: ``[N, 4]`` float32 or float64 CPU tensor without NaN.
+        boxes: ``[N, 4]`` float32 or float64 CPU or CUDA tensor without NaN.
         scores: ``[N]`` tensor of the same dtype.
         iou_threshold: the IoU above which a box is suppressed.
 
@@ -144,7 +152,7 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
     category, spread over the tiles.
 
     Args:
-        boxes: ``[N, 4]`` float32 or float64 CPU tensor without NaN.
+        boxes: ``[N, 4]`` float32 or float64 CPU or CUDA tensor without NaN.
         scores: ``[N]`` tensor of the same dtype.
         idxs: ``[N]`` integer category of each box.
         iou_threshold: the IoU above which a box is suppressed.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import generic
 from .optim import _ops
 
 __all__ = ["assemble", "micro_batches", "output_batch_dim"]
@@ -113,10 +114,10 @@ def assemble(outputs: list[Tensor], mode: str, period: int, di: int, ga: int, r:
         )
     per_step = ga * r
     if mode == "sum":
-        if outputs[0].device.type == "cpu":
-            summed = _ops.stream_sum(outputs, r)
+        if outputs[0].device.type in ("cpu", "cuda"):
+            summed = _ops.stream_sum(outputs, r)  # C++ on the CPU, generic on CUDA
         else:
-            summed = torch.stack(outputs).unflatten(0, (di * ga, r)).sum(0)
+            summed = generic.stream_sum(outputs, r)
         return _join_rows(summed, outputs[0].dim(), r)
     if mode == "all":
         picked = outputs

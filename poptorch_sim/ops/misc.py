@@ -115,7 +115,8 @@ def ctc_beam_search_decoder(
             out_probs[b, k] = score
             out_lengths[b, k] = len(path)
             out_paths[b, k, : len(path)] = torch.tensor(path, dtype=torch.int32)
-    return [out_probs, out_lengths, out_paths]
+    # Decoded on the host, returned beside the input (a stage on CUDA keeps its device).
+    return [t.to(probs.device) for t in (out_probs, out_lengths, out_paths)]
 
 
 def _fps_segment(points: torch.Tensor, count: int, random_start: bool) -> torch.Tensor:
@@ -175,7 +176,8 @@ def fps(
         for i in range(len(ptr) - 1)
         if counts[i] > 0
     ]
-    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
+    picked = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
+    return picked.to(src.device)
 
 
 def _batch_vector(batch: list[int] | torch.Tensor, size: int, name: str) -> torch.Tensor:
@@ -229,8 +231,8 @@ def nearest(
             )
     px = x.detach().reshape(x.shape[0], -1).double()
     py = y.detach().reshape(y.shape[0], -1).double()
-    bx = _batch_vector([] if batch_x is None else batch_x, px.shape[0], "batch_x")
-    by = _batch_vector([] if batch_y is None else batch_y, py.shape[0], "batch_y")
+    bx = _batch_vector([] if batch_x is None else batch_x, px.shape[0], "batch_x").to(px.device)
+    by = _batch_vector([] if batch_y is None else batch_y, py.shape[0], "batch_y").to(px.device)
     if not torch.equal(bx.unique_consecutive(), by.unique_consecutive()):
         raise ValueError("Some batch indices occur in 'batch_x' that do not occur in 'batch_y'")
     dist = torch.cdist(px, py, compute_mode="donot_use_mm_for_euclid_dist")
