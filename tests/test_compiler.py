@@ -739,3 +739,18 @@ def test_values_may_flow_both_ways_between_the_ipus_of_one_phase():
     )
     program = _check_training(CrossingPhase(), (torch.randn(3, 2),), _options(strategy=strategy))
     assert [s.ipu for s in program.stages] == [0, 1, 3, 1, 3]
+
+
+def test_any_failure_of_the_symbolic_trace_is_a_trace_failure():
+    # As in Hugging Face's BERT: a buffer sliced with a size, which fx only has as a proxy.
+    class SliceBySize(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("positions", torch.arange(16).float())
+
+        def forward(self, x):
+            with Block("A", ipu_id=0):
+                return x + self.positions[: x.size(0)]
+
+    with pytest.raises(TraceFailure, match=r"(?s)TypeError: slice indices.*positions\[: x.size"):
+        compile_program(SliceBySize(), _options(), (torch.ones(4),), {}, False)

@@ -232,15 +232,15 @@ def _user_frame() -> tuple[str, str]:
     return "<unknown location>", ""
 
 
-_FX_HINTS = ("Proxy", "symbolically traced", "symbolic tracing", "not installed as a submodule")
-
-
 def _is_tracing_failure(exc: BaseException) -> bool:
-    if isinstance(exc, fx.proxy.TraceError):
-        return True
-    if isinstance(exc, (TypeError, RuntimeError, ValueError, NameError, AttributeError)):
-        return any(hint in str(exc) for hint in _FX_HINTS)
-    return False
+    """Whether ``exc`` means "fx could not trace this", not a PopTorch error to pass on.
+
+    Anything but poptorch's own errors (block annotations checked while tracing) counts: fx's
+    ``TraceError``, but also what library code does with proxies in place of tensors (a proxy
+    used as a slice index in Hugging Face's BERT raises a bare ``TypeError``). A real bug in
+    ``forward`` shows up again, with its own traceback, when the model then runs eagerly.
+    """
+    return not isinstance(exc, (Error, AssertionError))
 
 
 def _tracing_error(model: nn.Module, exc: BaseException) -> TraceFailure:
