@@ -68,6 +68,17 @@ void for_each_tile(
     bool write_back,
     const TileFn& fn);
 
+// `fn(i, view)` for every tile of every parameter `all[i]`. On-chip (`chunk_elements` 0) the
+// tiles of all parameters form one parallel loop, so many small parameters cost no more than
+// one large one; off-chip, `for_each_tile` per parameter. Each tile meets the same arithmetic
+// either way.
+using IndexedTileFn = std::function<void(size_t, const TileView&)>;
+void for_each_tile_all(
+    const std::vector<ParamOperands>& all,
+    int64_t chunk_elements,
+    bool write_back,
+    const IndexedTileFn& fn);
+
 // Sum of squares of `x[0:n)` over 8 fixed lanes, in double; see [Note: optimizer tiles].
 double sum_squares(const float* x, int64_t n);
 

@@ -17,6 +17,7 @@ __all__ = [
     "accumulate_many_",
     "adam_step_",
     "grad_norm",
+    "increment_steps_",
     "lamb_step_",
     "offload_reset_stats",
     "offload_stats",
@@ -64,6 +65,20 @@ def grad_norm(grads: list[Tensor], loss_scaling: float = 1.0) -> Tensor:
     if not grads:
         return torch.zeros((), dtype=torch.float32)
     return _ops.grad_norm(grads, loss_scaling)
+
+
+def increment_steps_(steps: list[Tensor]) -> list[float]:
+    """Adds 1 to each 0-d ``step`` tensor in place (one call for all params).
+
+    Returns:
+        The incremented values, as ``float(step)`` would read them.
+
+    >>> increment_steps_([torch.tensor(0.0), torch.tensor(4.0)])
+    [1.0, 5.0]
+    """
+    if not steps:
+        return []
+    return _ops.increment_steps_(steps)
 
 
 def sgd_step_(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tensor], *,
@@ -142,6 +157,10 @@ def offload_reset_stats() -> None:
 def _register_fakes() -> None:
     def _none(*args: Any, **kwargs: Any) -> None:
         return None
+
+    @torch.library.register_fake("poptorch_sim::increment_steps_")
+    def _increment_steps_fake(steps: list[Tensor]) -> list[float]:
+        return [0.0] * len(steps)
 
     for name in ("sgd_step_", "adam_step_", "rmsprop_step_", "lamb_step_", "accumulate_",
                  "accumulate_many_"):  # fmt: skip
