@@ -389,6 +389,8 @@ void count_update(const char* kernel, const std::vector<ParamOperands>& all,
   scope.add_flops(elements * flops_per_element);
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------- ops
 
 void sgd_step(
@@ -498,6 +500,8 @@ void rmsprop_step(
                     [&](size_t, const TileView& v) { rmsprop_tile(h, v); });
 }
 
+namespace {
+
 // Pass 1 of LAMB on one parameter: updates the moments, returns (||w||^2, ||r||^2).
 std::pair<double, double> lamb_moments(
     const ParamOperands& ops, LambHyper h, int64_t chunk_elements) {
@@ -519,6 +523,8 @@ std::pair<double, double> lamb_moments(
   }
   return {w_total, r_total};
 }
+
+}  // namespace
 
 void lamb_step(
     at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -608,8 +614,6 @@ at::Tensor grad_norm(at::TensorList grads, double loss_scaling) {
   }
   return at::scalar_tensor(static_cast<float>(std::sqrt(total)), at::kFloat);
 }
-
-}  // namespace
 
 bool use_avx2() {
   static const bool supported =

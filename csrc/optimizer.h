@@ -82,6 +82,32 @@ void for_each_tile_all(
 // Sum of squares of `x[0:n)` over 8 fixed lanes, in double; see [Note: optimizer tiles].
 double sum_squares(const float* x, int64_t n);
 
+// The fused updates (schemas and semantics: the TORCH_LIBRARY_FRAGMENT in optimizer.cpp). Also
+// bound directly as Python functions (bindings.cpp), whose argument conversion costs far less
+// per tensor than the dispatcher's for lists of thousands of parameters.
+void sgd_step(
+    at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double lr,
+    double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+    bool first_step, double loss_scaling, double clip_coef, int64_t chunk_elements);
+void adam_step(
+    at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+    at::TensorList exp_avg_sqs, at::ArrayRef<double> steps, double lr, double beta1,
+    double beta2, double eps, double weight_decay, bool decoupled_weight_decay,
+    bool bias_correction, bool maximize, double loss_scaling, double clip_coef,
+    int64_t chunk_elements);
+void rmsprop_step(
+    at::TensorList params, at::TensorList grads, at::TensorList square_avgs,
+    at::TensorList momentum_buffers, at::TensorList grad_avgs, double lr, double alpha,
+    double eps, double weight_decay, double momentum, bool centered, bool maximize,
+    bool use_tf_variant, double loss_scaling, double clip_coef, int64_t chunk_elements);
+void lamb_step(
+    at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+    at::TensorList exp_avg_sqs, at::ArrayRef<double> steps, double lr, double beta1,
+    double beta2, double eps, double weight_decay, double max_weight_norm,
+    bool bias_correction, double loss_scaling, double clip_coef, int64_t chunk_elements);
+// Adds 1 to each one-element `steps` tensor in place; returns the new values.
+std::vector<double> increment_steps(at::TensorList steps);
+
 // True when the AVX2 variants of the element loops can run on this CPU.
 bool use_avx2();
 

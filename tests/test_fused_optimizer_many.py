@@ -154,3 +154,31 @@ def test_steps_advance_per_param_like_torch():
     assert_close(a, ra.detach())
     assert_close(b, rb.detach())
     assert mine.state[a]["step"].item() == 3.0 and mine.state[b]["step"].item() == 2.0
+
+
+def _adam_operands() -> tuple:
+    params = _params()
+    return (params, [torch.randn_like(p) for p in params], [torch.randn_like(p) for p in params],
+            [torch.rand_like(p) for p in params], [3.0] * len(params))  # fmt: skip
+
+
+def test_direct_binding_equals_dispatcher_op():
+    hyper = dict(lr=0.01, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1,
+                 decoupled_weight_decay=True, loss_scaling=3.0)  # fmt: skip
+    via_op = _adam_operands()
+    direct = tuple([t.clone() for t in x] if x and isinstance(x[0], torch.Tensor) else x
+                   for x in via_op)  # fmt: skip
+    K.adam_step_(*via_op, **hyper)
+    K.adam_step_(*direct, **hyper, direct=True)
+    for a, b in zip(via_op[0] + via_op[2] + via_op[3], direct[0] + direct[2] + direct[3]):
+        assert torch.equal(a, b)
+
+
+def test_direct_binding_raises_with_values():
+    p, g = [torch.zeros(4)], [torch.zeros(5)]
+    with pytest.raises(
+        RuntimeError, match=r"grads\[0\] has shape \[5\] but params\[0\] has shape"
+    ):
+        K.adam_step_(p, g, [torch.zeros(4)], [torch.zeros(4)], [1.0], lr=0.1, beta1=0.9,
+                     beta2=0.99, eps=1e-8, weight_decay=0.0, decoupled_weight_decay=False,
+                     direct=True)  # fmt: skip

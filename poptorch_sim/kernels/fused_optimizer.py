@@ -201,7 +201,8 @@ class FusedOptimizer:
                 work.append((group, params, gs))
         clip = self._clip_coef([g for _, _, gs in work for g in gs])
         chunk = self.chunk_elements if self.off_chip else 0
-        common = dict(loss_scaling=self.loss_scaling, clip_coef=clip, chunk_elements=chunk)
+        common = dict(loss_scaling=self.loss_scaling, clip_coef=clip, chunk_elements=chunk,
+                      direct=True)  # fmt: skip
         step_kind = getattr(self, f"_step_{self.kind}")
         for group, params, gs in work:
             step_kind(group, params, gs, common)
@@ -221,7 +222,7 @@ class FusedOptimizer:
     @staticmethod
     def _steps(states: list[dict[str, Any]]) -> list[float]:
         """Increments each state's ``step`` tensor; returns the steps being taken."""
-        return increment_steps_([st["step"] for st in states])
+        return increment_steps_([st["step"] for st in states], direct=True)
 
     def _step_sgd(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor],
                   common: dict) -> None:  # fmt: skip
