@@ -135,6 +135,8 @@ POPSIM_SIMD_DISPATCH(sgd_tile, SgdHyper)
 
 // ---------------------------------------------------------------- Adam / AdamW
 
+constexpr int64_t kAdamBlock = 64;
+
 struct AdamHyper {
   GradPrep gp;
   float weight_decay, decay_factor, lerp_w, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step;
@@ -143,32 +145,38 @@ struct AdamHyper {
 
 template <class Sqrt, bool kByInverse>
 POPSIM_INLINE void adam_tile_body(const AdamHyper h, const TileView v) {
-  float* p = v.param;
-  float* m = v.state[0];
-  float* s = v.state[1];
-  float root[kTile];
+  // Blocks of kAdamBlock elements: the square roots and divisions of one block overlap the
+  // loads of the next, where a whole-tile pass of each would leave memory idle meanwhile.
   const bool has_wd = h.weight_decay != 0.0f;
-  for (int64_t i = 0; i < v.len; ++i) {
-    float g = prep<kByInverse>(h.gp, v.grad[i]);
-    float w = p[i];
-    if (has_wd) {
-      if (h.decoupled) {
-        w = w * h.decay_factor;
-      } else {
-        g = add_alpha(g, w, h.weight_decay);
+  for (int64_t b = 0; b < v.len; b += kAdamBlock) {
+    const int64_t len = std::min(kAdamBlock, v.len - b);
+    float* __restrict p = v.param + b;
+    float* __restrict m = v.state[0] + b;
+    float* __restrict s = v.state[1] + b;
+    const float* __restrict grad = v.grad + b;
+    float root[kAdamBlock];
+    for (int64_t i = 0; i < len; ++i) {
+      float g = prep<kByInverse>(h.gp, grad[i]);
+      float w = p[i];
+      if (has_wd) {
+        if (h.decoupled) {
+          w = w * h.decay_factor;
+        } else {
+          g = add_alpha(g, w, h.weight_decay);
+        }
       }
+      m[i] = lerp(m[i], g, h.lerp_w);
+      float si = s[i] * h.beta2;
+      si = si + h.one_minus_beta2 * g * g;
+      s[i] = si;
+      p[i] = w;
+      root[i] = si;
     }
-    m[i] = lerp(m[i], g, h.lerp_w);
-    float si = s[i] * h.beta2;
-    si = si + h.one_minus_beta2 * g * g;
-    s[i] = si;
-    p[i] = w;
-    root[i] = si;
-  }
-  Sqrt::run(root, v.len);
-  for (int64_t i = 0; i < v.len; ++i) {
-    const float denom = root[i] / h.bc2_sqrt + h.eps;
-    p[i] = p[i] + h.neg_step * (m[i] / denom);
+    Sqrt::run(root, len);
+    for (int64_t i = 0; i < len; ++i) {
+      const float denom = root[i] / h.bc2_sqrt + h.eps;
+      p[i] = p[i] + h.neg_step * (m[i] / denom);
+    }
   }
 }
 POPSIM_SIMD_DISPATCH(adam_tile, AdamHyper)
