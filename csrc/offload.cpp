@@ -138,6 +138,19 @@ POPSIM_TILE_INLINE void run_tile(const Bases& b, int64_t t, int64_t end, Scratch
 // nothing next to it, small enough that a descheduled thread leaves little for the others.
 constexpr int64_t kUnitTiles = 16;
 
+// Runs `unit_fn` on units [0, units): on the engine's threads, which claim units one at a time
+// (see [Note: tile pool]), or in turn on the calling thread when there is too little `work`
+// (elements) to be worth waking them.
+void run_units(int64_t units, int64_t work, const std::function<void(int64_t)>& unit_fn) {
+  if (work < engine::kMinParallelWork || units <= 1) {
+    for (int64_t unit = 0; unit < units; ++unit) {
+      unit_fn(unit);
+    }
+    return;
+  }
+  engine::run_tiles(units, unit_fn);
+}
+
 // The all-parameter loop on-chip: the tiles of every parameter, in order, cut into units of
 // kUnitTiles that the engine's threads claim one at a time (see [Note: tile pool]).
 void run_all_tiles(const std::vector<ParamOperands>& all, const IndexedTileFn& fn) {
@@ -168,13 +181,7 @@ void run_all_tiles(const std::vector<ParamOperands>& all, const IndexedTileFn& f
       run_tile(bases[i], t - first_tile[i], n, sc, [&](const TileView& v) { fn(i, v); });
     }
   };
-  if (tiles * kTile < engine::kMinParallelWork || units == 1) {
-    for (int64_t unit = 0; unit < units; ++unit) {
-      unit_fn(unit);
-    }
-    return;
-  }
-  engine::run_tiles(units, unit_fn);
+  run_units(units, tiles * kTile, unit_fn);
 }
 
 }  // namespace
@@ -188,12 +195,17 @@ void run_tiles(
     const TileFn& fn) {
   TORCH_INTERNAL_ASSERT(begin % kTile == 0, "tile range must start on a tile, got ", begin);
   const Bases b = bases_of(ops, state_ptrs, state_origin);
-  at::parallel_for(begin / kTile, (end + kTile - 1) / kTile, 32, [&](int64_t tb, int64_t te) {
+  const int64_t first = begin / kTile;
+  const int64_t units = ((end + kTile - 1) / kTile - first + kUnitTiles - 1) / kUnitTiles;
+  const std::function<void(int64_t)> unit_fn = [&](int64_t unit) {
     Scratch sc;
+    const int64_t tb = first + unit * kUnitTiles;
+    const int64_t te = std::min((end + kTile - 1) / kTile, tb + kUnitTiles);
     for (int64_t t = tb; t < te; ++t) {
       run_tile(b, t, end, sc, fn);
     }
-  });
+  };
+  run_units(units, end - begin, unit_fn);
 }
 
 void for_each_tile(

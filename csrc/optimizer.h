@@ -2,11 +2,14 @@
 //
 // [Note: optimizer tiles]
 // Every fused update walks its flat buffers in tiles of kTile elements. A tile is the unit of
-// work (one at::parallel_for item), of dtype conversion (fp16 operands are widened into fp32
-// scratch, updated, and narrowed back) and of reduction: a norm is the in-order sum of one
-// double partial per tile, each partial summed over 8 fixed lanes. Tiles start at multiples of
-// kTile of the parameter's own index, so the numbers do not depend on the thread count, on
-// the pointer alignment, or on how off-chip state is chunked (chunks are whole tiles).
+// dtype conversion (fp16 operands are widened into fp32 scratch, updated, and narrowed back)
+// and of reduction: a norm is the in-order sum of one double partial per tile, each partial
+// summed over 8 fixed lanes. Tiles start at multiples of kTile of the parameter's own index,
+// so the numbers do not depend on the thread count, on the pointer alignment, or on how
+// off-chip state is chunked (chunks are whole tiles). Threads claim work in units of 16
+// tiles from the tile engine's pool; on-chip, one loop runs the tiles of all parameters of a
+// call together (a unit may span several small parameters), so a step over thousands of
+// small parameters costs one parallel loop, not one per parameter.
 //
 // The element loops are plain C++ compiled twice: once for the baseline ISA and once with
 // __attribute__((target("avx2,fma"))), picked at run time (one variant per machine). Where
