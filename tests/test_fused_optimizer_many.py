@@ -182,3 +182,52 @@ def test_direct_binding_raises_with_values():
         K.adam_step_(p, g, [torch.zeros(4)], [torch.zeros(4)], [1.0], lr=0.1, beta1=0.9,
                      beta2=0.99, eps=1e-8, weight_decay=0.0, decoupled_weight_decay=False,
                      direct=True)  # fmt: skip
+
+
+def _fresh_state(p: torch.Tensor) -> dict:
+    return {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+            "exp_avg_sq": torch.zeros_like(p)}  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["replace-entry", "replace-moment", "reassign-state"])
+def test_state_changed_between_steps_is_used(how):
+    # The step keeps each group's state dicts between steps; a reset of the state from
+    # outside must still make the next step a first step.
+    params = _params()
+    mine, fresh = [p.clone() for p in params], [p.clone() for p in params]
+    opt = FusedOptimizer("adamw", [dict(params=mine, lr=0.01)])
+    _set_grads([mine])
+    opt.step()
+    for p in mine:
+        if how == "replace-entry":
+            opt.state[p] = _fresh_state(p)
+        elif how == "replace-moment":
+            opt.state[p].update(_fresh_state(p))
+    if how == "reassign-state":
+        opt.state = {p: _fresh_state(p) for p in mine}
+    for a, b in zip(mine, fresh):
+        b.copy_(a)
+    ref = FusedOptimizer("adamw", [dict(params=fresh, lr=0.01)])
+    _set_grads([mine, fresh])
+    opt.step()
+    ref.step()
+    for a, b in zip(mine, fresh):
+        assert torch.equal(a, b)
+        assert opt.state[a]["step"].item() == 1.0
+
+
+def test_param_state_dict_counts_every_change():
+    from poptorch_sim.kernels.param_state import ParamStateDict
+
+    s = ParamStateDict()
+    a, b = torch.zeros(1), torch.zeros(1)
+    changes = [lambda: s.__setitem__(a, {}), lambda: s.setdefault(b, {}), lambda: s.pop(b),
+               lambda: s.update({b: {}}), lambda: s.__delitem__(b), lambda: s.popitem(),
+               lambda: s.__ior__({a: {}}), lambda: s.clear()]  # fmt: skip
+    for change in changes:
+        before = s.version
+        change()
+        assert s.version > before
+    before = s.version
+    s.get(a)
+    assert s.version == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from .optim import (
     rmsprop_step_,
     sgd_step_,
 )
+from .param_state import ParamStateDict
 
 __all__ = ["KINDS", "FusedOptimizer"]
 
@@ -109,7 +111,8 @@ class FusedOptimizer:
         self.loss_scaling = float(loss_scaling)
         self.max_grad_norm = float(max_grad_norm)
         self.param_groups: list[dict[str, Any]] = []
-        self.state: dict[Tensor, dict[str, Any]] = {}
+        # Also resets `_kept`, per group: (state version, params, their state dicts) last step.
+        self.state = ParamStateDict()
         items = list(params)
         groups = items if items and isinstance(items[0], dict) else [{"params": items}]
         for group in groups:
@@ -243,14 +246,31 @@ class FusedOptimizer:
                 sgd_step_(subset, [g for _, g in pairs], bufs, first_step=first, **hyper,
                           **common)  # fmt: skip
 
-    def _init_moments(self, params: list[Tensor],
+    @property
+    def state(self) -> ParamStateDict:
+        """Per-parameter state, as ``torch.optim.Optimizer.state``."""
+        return self._state
+
+    @state.setter
+    def state(self, value: dict[Tensor, dict[str, Any]]) -> None:
+        self._state = value if isinstance(value, ParamStateDict) else ParamStateDict(value)
+        self._kept: dict[int, tuple[int, list[Tensor], list[dict[str, Any]]]] = {}
+
+    def _init_moments(self, group: dict[str, Any], params: list[Tensor],
                       names: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:  # fmt: skip
-        """Each param's state, with its ``step`` and the named moments created when missing."""
+        """Each param's state, with its ``step`` and the named moments created when missing.
+
+        The list is kept for the group's next step while neither the state's entries nor the
+        params change (see ``ParamStateDict``).
+        """
+        kept = self._kept.get(id(group))
+        if (kept is not None and kept[0] == self.state.version and len(kept[1]) == len(params)
+                and all(map(operator.is_, kept[1], params))):  # fmt: skip
+            return kept[2]
         want = {"step", *(name for name, _ in names)}
         states = []
-        get = self.state.get
         for p in params:
-            st = get(p)
+            st = self.state.get(p)
             if st is None or not want <= st.keys():
                 st = self.state.setdefault(p, {})
                 if st.get("step") is None:
@@ -259,11 +279,12 @@ class FusedOptimizer:
                     if st.get(name) is None:
                         st[name] = self._zeros(p, order)
             states.append(st)
+        self._kept[id(group)] = (self.state.version, list(params), states)
         return states
 
     def _step_adam(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor],
                    common: dict) -> None:  # fmt: skip
-        states = self._init_moments(params, (("exp_avg", 0), ("exp_avg_sq", 1)))
+        states = self._init_moments(group, params, (("exp_avg", 0), ("exp_avg_sq", 1)))
         beta1, beta2 = group["betas"]
         adam_step_(
             params, grads, [st["exp_avg"] for st in states],
@@ -283,7 +304,7 @@ class FusedOptimizer:
             names.append(("momentum_buffer", 0))
         if group["centered"]:
             names.append(("grad_avg", 0))
-        states = self._init_moments(params, names)
+        states = self._init_moments(group, params, names)
         self._steps(states)
         lists = {n: [st[n] for st in states] for n, _ in names}
         rmsprop_step_(
@@ -296,7 +317,7 @@ class FusedOptimizer:
 
     def _step_lamb(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor],
                    common: dict) -> None:  # fmt: skip
-        states = self._init_moments(params, (("exp_avg", 0), ("exp_avg_sq", 1)))
+        states = self._init_moments(group, params, (("exp_avg", 0), ("exp_avg_sq", 1)))
         beta1, beta2 = group["betas"]
         lamb_step_(
             params, grads, [st["exp_avg"] for st in states],
