@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -25,6 +26,8 @@
 namespace poptorch_sim {
 namespace optim {
 namespace {
+
+#define POPSIM_TILE_INLINE inline __attribute__((always_inline))
 
 std::atomic<int64_t> g_chunks{0};
 std::atomic<int64_t> g_bytes_to_device{0};
@@ -81,6 +84,108 @@ char* staging_buffer(size_t slot, size_t bytes) {
 
 }  // namespace
 
+namespace {
+
+// Raw storage of one parameter's operands: state element 0 is parameter element `origin`.
+struct Bases {
+  void* param;
+  void* grad;
+  void* state[kMaxStates];
+  at::ScalarType pdt, gdt, sdt[kMaxStates];
+  size_t ns;
+  int64_t origin;
+};
+
+Bases bases_of(const ParamOperands& ops, const std::vector<void*>& state_ptrs, int64_t origin) {
+  Bases b{};
+  b.param = ops.param.data_ptr();
+  b.grad = const_cast<void*>(ops.grad.const_data_ptr());
+  b.pdt = ops.param.scalar_type();
+  b.gdt = ops.grad.scalar_type();
+  b.ns = state_ptrs.size();
+  b.origin = origin;
+  for (size_t s = 0; s < b.ns; ++s) {
+    b.state[s] = state_ptrs[s];
+    b.sdt[s] = ops.states[s].scalar_type();
+  }
+  return b;
+}
+
+// Per-thread float scratch of one tile (used only by float16/bfloat16 operands).
+struct Scratch {
+  float param[kTile], grad[kTile], state[kMaxStates][kTile];
+};
+
+// Tile `t` of a parameter whose elements end at `end`: widen, `fn(view)`, narrow back.
+template <class F>
+POPSIM_TILE_INLINE void run_tile(const Bases& b, int64_t t, int64_t end, Scratch& sc, const F& fn) {
+  const int64_t lo = t * kTile;
+  const int64_t len = std::min(kTile, end - lo);
+  TileView v{nullptr, nullptr, {nullptr, nullptr, nullptr}, len, t};
+  v.param = widen(b.param, b.pdt, lo, len, sc.param);
+  v.grad = widen(b.grad, b.gdt, lo, len, sc.grad);
+  for (size_t s = 0; s < b.ns; ++s) {
+    v.state[s] = widen(b.state[s], b.sdt[s], lo - b.origin, len, sc.state[s]);
+  }
+  fn(v);
+  narrow(b.param, b.pdt, lo, len, sc.param);
+  for (size_t s = 0; s < b.ns; ++s) {
+    narrow(b.state[s], b.sdt[s], lo - b.origin, len, sc.state[s]);
+  }
+}
+
+// Tiles per work unit of the all-parameter loop: big enough that claiming a unit costs
+// nothing next to it, small enough that a descheduled thread leaves little for the others.
+constexpr int64_t kUnitTiles = 16;
+
+// Runs `unit_fn` on units [0, units): on the engine's threads, which claim units one at a time
+// (see [Note: tile pool]), or in turn on the calling thread when there is too little `work`
+// (elements) to be worth waking them.
+void run_units(int64_t units, int64_t work, const std::function<void(int64_t)>& unit_fn) {
+  if (work < engine::kMinParallelWork || units <= 1) {
+    for (int64_t unit = 0; unit < units; ++unit) {
+      unit_fn(unit);
+    }
+    return;
+  }
+  engine::run_tiles(units, unit_fn);
+}
+
+// The all-parameter loop on-chip: the tiles of every parameter, in order, cut into units of
+// kUnitTiles that the engine's threads claim one at a time (see [Note: tile pool]).
+void run_all_tiles(const std::vector<ParamOperands>& all, const IndexedTileFn& fn) {
+  std::vector<Bases> bases;
+  std::vector<int64_t> first_tile{0};
+  bases.reserve(all.size());
+  first_tile.reserve(all.size() + 1);
+  for (const auto& ops : all) {
+    std::vector<void*> host;
+    for (const auto& st : ops.states) {
+      host.push_back(st.data_ptr());
+    }
+    bases.push_back(bases_of(ops, host, 0));
+    first_tile.push_back(first_tile.back() + (ops.param.numel() + kTile - 1) / kTile);
+  }
+  const int64_t tiles = first_tile.back();
+  const int64_t units = (tiles + kUnitTiles - 1) / kUnitTiles;
+  const std::function<void(int64_t)> unit_fn = [&](int64_t unit) {
+    Scratch sc;
+    const int64_t tb = unit * kUnitTiles;
+    const int64_t te = std::min(tiles, tb + kUnitTiles);
+    size_t i = std::upper_bound(first_tile.begin(), first_tile.end(), tb) - first_tile.begin() - 1;
+    for (int64_t t = tb; t < te; ++t) {
+      while (t >= first_tile[i + 1]) {
+        ++i;
+      }
+      const int64_t n = all[i].param.numel();
+      run_tile(bases[i], t - first_tile[i], n, sc, [&](const TileView& v) { fn(i, v); });
+    }
+  };
+  run_units(units, tiles * kTile, unit_fn);
+}
+
+}  // namespace
+
 void run_tiles(
     const ParamOperands& ops,
     const std::vector<void*>& state_ptrs,
@@ -89,32 +194,18 @@ void run_tiles(
     int64_t end,
     const TileFn& fn) {
   TORCH_INTERNAL_ASSERT(begin % kTile == 0, "tile range must start on a tile, got ", begin);
-  const size_t ns = state_ptrs.size();
-  void* pbase = ops.param.data_ptr();
-  void* gbase = const_cast<void*>(ops.grad.const_data_ptr());
-  const at::ScalarType pdt = ops.param.scalar_type();
-  const at::ScalarType gdt = ops.grad.scalar_type();
+  const Bases b = bases_of(ops, state_ptrs, state_origin);
   const int64_t first = begin / kTile;
-  const int64_t last = (end + kTile - 1) / kTile;
-  at::parallel_for(first, last, 32, [&](int64_t tb, int64_t te) {
-    float pbuf[kTile], gbuf[kTile], sbuf[kMaxStates][kTile];
+  const int64_t units = ((end + kTile - 1) / kTile - first + kUnitTiles - 1) / kUnitTiles;
+  const std::function<void(int64_t)> unit_fn = [&](int64_t unit) {
+    Scratch sc;
+    const int64_t tb = first + unit * kUnitTiles;
+    const int64_t te = std::min((end + kTile - 1) / kTile, tb + kUnitTiles);
     for (int64_t t = tb; t < te; ++t) {
-      const int64_t lo = t * kTile;
-      const int64_t len = std::min(kTile, end - lo);
-      TileView v{nullptr, nullptr, {nullptr, nullptr, nullptr}, len, t};
-      v.param = widen(pbase, pdt, lo, len, pbuf);
-      v.grad = widen(gbase, gdt, lo, len, gbuf);
-      for (size_t s = 0; s < ns; ++s) {
-        v.state[s] = widen(state_ptrs[s], ops.states[s].scalar_type(), lo - state_origin, len,
-                           sbuf[s]);
-      }
-      fn(v);
-      narrow(pbase, pdt, lo, len, pbuf);
-      for (size_t s = 0; s < ns; ++s) {
-        narrow(state_ptrs[s], ops.states[s].scalar_type(), lo - state_origin, len, sbuf[s]);
-      }
+      run_tile(b, t, end, sc, fn);
     }
-  });
+  };
+  run_units(units, end - begin, unit_fn);
 }
 
 void for_each_tile(
@@ -155,6 +246,20 @@ void for_each_tile(
     g_chunks.fetch_add(1, std::memory_order_relaxed);
     scope.add_supersteps(1);
     scope.add_bytes_exchanged(write_back ? 2 * bytes : bytes);
+  }
+}
+
+void for_each_tile_all(
+    const std::vector<ParamOperands>& all,
+    int64_t chunk_elements,
+    bool write_back,
+    const IndexedTileFn& fn) {
+  if (chunk_elements == 0) {
+    run_all_tiles(all, fn);
+    return;
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    for_each_tile(all[i], chunk_elements, write_back, [&](const TileView& v) { fn(i, v); });
   }
 }
 

@@ -50,12 +50,23 @@ struct SqrtAvx2 {
   }
 };
 
-// Defines NAME(h, v) that runs NAME##_body compiled for AVX2 or for the baseline ISA.
+// Defines NAME(h, v) that runs NAME##_body compiled for AVX2 or for the baseline ISA, each with
+// the gradient unscaled by a division or by an exact reciprocal (see GradPrep).
 #define POPSIM_SIMD_DISPATCH(NAME, HYPER)                                               \
   __attribute__((target("avx2,fma"))) void NAME##_avx2(const HYPER& h, const TileView& v) { \
-    NAME##_body<SqrtAvx2>(h, v);                                                        \
+    if (h.gp.by_inverse) {                                                              \
+      NAME##_body<SqrtAvx2, true>(h, v);                                                \
+    } else {                                                                            \
+      NAME##_body<SqrtAvx2, false>(h, v);                                               \
+    }                                                                                   \
   }                                                                                     \
-  void NAME##_base(const HYPER& h, const TileView& v) { NAME##_body<SqrtBase>(h, v); }  \
+  void NAME##_base(const HYPER& h, const TileView& v) {                                 \
+    if (h.gp.by_inverse) {                                                              \
+      NAME##_body<SqrtBase, true>(h, v);                                                \
+    } else {                                                                            \
+      NAME##_body<SqrtBase, false>(h, v);                                               \
+    }                                                                                   \
+  }                                                                                     \
   void NAME(const HYPER& h, const TileView& v) {                                        \
     if (use_avx2()) {                                                                   \
       NAME##_avx2(h, v);                                                                \
@@ -64,15 +75,20 @@ struct SqrtAvx2 {
     }                                                                                   \
   }
 
-// The gradient as the update sees it: unscaled, clipped, negated when maximising.
+// The gradient as the update sees it: unscaled, clipped, negated when maximising. When the loss
+// scaling is a power of two with a normal reciprocal, `g * (1 / ls)` and `g / ls` are the same
+// correctly rounded number, and the multiplication spares the update one of its divisions.
 struct GradPrep {
   float loss_scaling;
+  float inverse;  // 1 / loss_scaling, exact when by_inverse
   float clip_coef;
   bool maximize;
+  bool by_inverse;
 };
 
+template <bool kByInverse>
 POPSIM_INLINE float prep(const GradPrep& gp, float g) {
-  g = g / gp.loss_scaling;
+  g = kByInverse ? g * gp.inverse : g / gp.loss_scaling;
   g = g * gp.clip_coef;
   return gp.maximize ? -g : g;
 }
@@ -96,13 +112,13 @@ struct SgdHyper {
   bool nesterov, first_step;
 };
 
-template <class Sqrt>
+template <class Sqrt, bool kByInverse>
 POPSIM_INLINE void sgd_tile_body(const SgdHyper h, const TileView v) {
   float* p = v.param;
   float* buf = v.state[0];
   const bool has_wd = h.weight_decay != 0.0f;
   for (int64_t i = 0; i < v.len; ++i) {
-    float g = prep(h.gp, v.grad[i]);
+    float g = prep<kByInverse>(h.gp, v.grad[i]);
     if (has_wd) {
       g = add_alpha(g, p[i], h.weight_decay);
     }
@@ -119,40 +135,48 @@ POPSIM_SIMD_DISPATCH(sgd_tile, SgdHyper)
 
 // ---------------------------------------------------------------- Adam / AdamW
 
+constexpr int64_t kAdamBlock = 64;
+
 struct AdamHyper {
   GradPrep gp;
   float weight_decay, decay_factor, lerp_w, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step;
   bool decoupled;
 };
 
-template <class Sqrt>
+template <class Sqrt, bool kByInverse>
 POPSIM_INLINE void adam_tile_body(const AdamHyper h, const TileView v) {
-  float* p = v.param;
-  float* m = v.state[0];
-  float* s = v.state[1];
-  float root[kTile];
+  // Blocks of kAdamBlock elements: the square roots and divisions of one block overlap the
+  // loads of the next, where a whole-tile pass of each would leave memory idle meanwhile.
   const bool has_wd = h.weight_decay != 0.0f;
-  for (int64_t i = 0; i < v.len; ++i) {
-    float g = prep(h.gp, v.grad[i]);
-    float w = p[i];
-    if (has_wd) {
-      if (h.decoupled) {
-        w = w * h.decay_factor;
-      } else {
-        g = add_alpha(g, w, h.weight_decay);
+  for (int64_t b = 0; b < v.len; b += kAdamBlock) {
+    const int64_t len = std::min(kAdamBlock, v.len - b);
+    float* __restrict p = v.param + b;
+    float* __restrict m = v.state[0] + b;
+    float* __restrict s = v.state[1] + b;
+    const float* __restrict grad = v.grad + b;
+    float root[kAdamBlock];
+    for (int64_t i = 0; i < len; ++i) {
+      float g = prep<kByInverse>(h.gp, grad[i]);
+      float w = p[i];
+      if (has_wd) {
+        if (h.decoupled) {
+          w = w * h.decay_factor;
+        } else {
+          g = add_alpha(g, w, h.weight_decay);
+        }
       }
+      m[i] = lerp(m[i], g, h.lerp_w);
+      float si = s[i] * h.beta2;
+      si = si + h.one_minus_beta2 * g * g;
+      s[i] = si;
+      p[i] = w;
+      root[i] = si;
     }
-    m[i] = lerp(m[i], g, h.lerp_w);
-    float si = s[i] * h.beta2;
-    si = si + h.one_minus_beta2 * g * g;
-    s[i] = si;
-    p[i] = w;
-    root[i] = si;
-  }
-  Sqrt::run(root, v.len);
-  for (int64_t i = 0; i < v.len; ++i) {
-    const float denom = root[i] / h.bc2_sqrt + h.eps;
-    p[i] = p[i] + h.neg_step * (m[i] / denom);
+    Sqrt::run(root, len);
+    for (int64_t i = 0; i < len; ++i) {
+      const float denom = root[i] / h.bc2_sqrt + h.eps;
+      p[i] = p[i] + h.neg_step * (m[i] / denom);
+    }
   }
 }
 POPSIM_SIMD_DISPATCH(adam_tile, AdamHyper)
@@ -166,7 +190,7 @@ struct RmspropHyper {
   bool tf_variant;
 };
 
-template <class Sqrt>
+template <class Sqrt, bool kByInverse>
 POPSIM_INLINE void rmsprop_tile_body(const RmspropHyper h, const TileView v) {
   float* p = v.param;
   float* sq = v.state[0];
@@ -175,7 +199,7 @@ POPSIM_INLINE void rmsprop_tile_body(const RmspropHyper h, const TileView v) {
   float root[kTile], grad[kTile];
   const bool has_wd = h.weight_decay != 0.0f;
   for (int64_t i = 0; i < v.len; ++i) {
-    float g = prep(h.gp, v.grad[i]);
+    float g = prep<kByInverse>(h.gp, v.grad[i]);
     if (has_wd) {
       g = add_alpha(g, p[i], h.weight_decay);
     }
@@ -228,7 +252,7 @@ POPSIM_INLINE float stored(float x, at::ScalarType dt) {
   return x;
 }
 
-template <class Sqrt>
+template <class Sqrt, bool kByInverse>
 POPSIM_INLINE void lamb_tile_body(const LambHyper h, const TileView v) {
   float* p = v.param;
   float* m = v.state[0];
@@ -237,7 +261,7 @@ POPSIM_INLINE void lamb_tile_body(const LambHyper h, const TileView v) {
   for (int64_t i = 0; i < v.len; ++i) {
     float si = s[i];
     if (h.update_moments) {
-      const float g = prep(h.gp, v.grad[i]);
+      const float g = prep<kByInverse>(h.gp, v.grad[i]);
       float mi = m[i] * h.beta1;
       m[i] = stored(add_alpha(mi, g, h.one_minus_beta1), h.m_dtype);
       si = si * h.beta2;
@@ -352,7 +376,12 @@ void check_steps(const at::ArrayRef<double>& steps, size_t n) {
 }
 
 GradPrep grad_prep(double loss_scaling, double clip_coef, bool maximize) {
-  return {static_cast<float>(loss_scaling), static_cast<float>(clip_coef), maximize};
+  const float ls = static_cast<float>(loss_scaling);
+  const float inverse = 1.0f / ls;
+  int exponent = 0;
+  const bool power_of_two = std::frexp(ls, &exponent) == 0.5f;
+  return {ls, inverse, static_cast<float>(clip_coef), maximize,
+          power_of_two && std::isnormal(inverse)};
 }
 
 // Publishes one update to the tile engine's counters: one superstep per parameter and about
@@ -367,6 +396,8 @@ void count_update(const char* kernel, const std::vector<ParamOperands>& all,
   scope.add_supersteps(static_cast<int64_t>(all.size()));
   scope.add_flops(elements * flops_per_element);
 }
+
+}  // namespace
 
 // ---------------------------------------------------------------- ops
 
@@ -395,15 +426,13 @@ void sgd_step(
              static_cast<float>(weight_decay),
              nesterov,
              first_step};
-  for (const auto& ops : all) {
-    for_each_tile(ops, chunk_elements, true, [&](const TileView& v) {
-      TileView w = v;
-      if (!has_momentum) {
-        w.state[0] = nullptr;
-      }
-      sgd_tile(h, w);
-    });
-  }
+  for_each_tile_all(all, chunk_elements, true, [&](size_t, const TileView& v) {
+    TileView w = v;
+    if (!has_momentum) {
+      w.state[0] = nullptr;
+    }
+    sgd_tile(h, w);
+  });
 }
 
 void adam_step(
@@ -417,21 +446,29 @@ void adam_step(
       gather(params, grads, {{"exp_avgs", exp_avgs}, {"exp_avg_sqs", exp_avg_sqs}});
   check_steps(steps, all.size());
   count_update("adam_step_", all, 16);
+  // Bias corrections depend on the step only: computed once per distinct step number.
+  std::vector<AdamHyper> hypers;
+  hypers.reserve(all.size());
   for (size_t i = 0; i < all.size(); ++i) {
+    if (i > 0 && steps[i] == steps[i - 1]) {
+      hypers.push_back(hypers.back());
+      continue;
+    }
     const double bc1 = bias_correction ? 1.0 - std::pow(beta1, steps[i]) : 1.0;
     const double bc2 = bias_correction ? 1.0 - std::pow(beta2, steps[i]) : 1.0;
-    AdamHyper h{grad_prep(loss_scaling, clip_coef, maximize),
-                static_cast<float>(weight_decay),
-                static_cast<float>(1.0 - lr * weight_decay),
-                static_cast<float>(1.0 - beta1),
-                static_cast<float>(beta2),
-                static_cast<float>(1.0 - beta2),
-                static_cast<float>(std::sqrt(bc2)),
-                static_cast<float>(eps),
-                static_cast<float>(-(lr / bc1)),
-                decoupled_weight_decay};
-    for_each_tile(all[i], chunk_elements, true, [&](const TileView& v) { adam_tile(h, v); });
+    hypers.push_back({grad_prep(loss_scaling, clip_coef, maximize),
+                      static_cast<float>(weight_decay),
+                      static_cast<float>(1.0 - lr * weight_decay),
+                      static_cast<float>(1.0 - beta1),
+                      static_cast<float>(beta2),
+                      static_cast<float>(1.0 - beta2),
+                      static_cast<float>(std::sqrt(bc2)),
+                      static_cast<float>(eps),
+                      static_cast<float>(-(lr / bc1)),
+                      decoupled_weight_decay});
   }
+  for_each_tile_all(all, chunk_elements, true,
+                    [&](size_t i, const TileView& v) { adam_tile(hypers[i], v); });
 }
 
 void rmsprop_step(
@@ -467,10 +504,11 @@ void rmsprop_step(
   }
   const auto all = gather(params, grads, states);
   count_update("rmsprop_step_", all, 14);
-  for (const auto& ops : all) {
-    for_each_tile(ops, chunk_elements, true, [&](const TileView& v) { rmsprop_tile(h, v); });
-  }
+  for_each_tile_all(all, chunk_elements, true,
+                    [&](size_t, const TileView& v) { rmsprop_tile(h, v); });
 }
+
+namespace {
 
 // Pass 1 of LAMB on one parameter: updates the moments, returns (||w||^2, ||r||^2).
 std::pair<double, double> lamb_moments(
@@ -493,6 +531,8 @@ std::pair<double, double> lamb_moments(
   }
   return {w_total, r_total};
 }
+
+}  // namespace
 
 void lamb_step(
     at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -532,6 +572,26 @@ void lamb_step(
   }
 }
 
+std::vector<double> increment_steps(at::TensorList steps) {
+  std::vector<double> out(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const at::Tensor& t = steps[i];
+    TORCH_CHECK(t.defined() && t.numel() == 1 && t.device().is_cpu(),
+                "steps[", i, "] must be a one-element CPU tensor, got ",
+                t.defined() ? t.sizes() : at::IntArrayRef{}, " on ",
+                t.defined() ? t.device() : at::Device(at::kCPU));
+    if (t.scalar_type() == at::kFloat) {
+      float* x = t.data_ptr<float>();
+      *x += 1.0f;
+      out[i] = *x;
+    } else {
+      t.add_(1);
+      out[i] = t.item<double>();
+    }
+  }
+  return out;
+}
+
 at::Tensor grad_norm(at::TensorList grads, double loss_scaling) {
   TORCH_CHECK(loss_scaling > 0.0, "loss_scaling must be > 0, got ", loss_scaling);
   const float ls = static_cast<float>(loss_scaling);
@@ -562,8 +622,6 @@ at::Tensor grad_norm(at::TensorList grads, double loss_scaling) {
   }
   return at::scalar_tensor(static_cast<float>(std::sqrt(total)), at::kFloat);
 }
-
-}  // namespace
 
 bool use_avx2() {
   static const bool supported =
@@ -600,6 +658,7 @@ TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
       "float eps, float weight_decay, float max_weight_norm, bool bias_correction, "
       "float loss_scaling, float clip_coef, int chunk_elements) -> ()");
   m.def("grad_norm(Tensor[] grads, float loss_scaling) -> Tensor");
+  m.def("increment_steps_(Tensor(a!)[] steps) -> float[]");
 }
 
 TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
@@ -609,4 +668,5 @@ TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
   m.impl("rmsprop_step_", &rmsprop_step);
   m.impl("lamb_step_", &lamb_step);
   m.impl("grad_norm", &grad_norm);
+  m.impl("increment_steps_", &increment_steps);
 }

@@ -8,6 +8,7 @@ host memory (pinned for CUDA parameters) and is streamed through the device in c
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,10 +19,12 @@ from .optim import (
     TILE_ELEMENTS,
     adam_step_,
     grad_norm,
+    increment_steps_,
     lamb_step_,
     rmsprop_step_,
     sgd_step_,
 )
+from .param_state import ParamStateDict
 
 __all__ = ["KINDS", "FusedOptimizer"]
 
@@ -113,8 +116,8 @@ class FusedOptimizer:
         self.loss_scaling = float(loss_scaling)
         self.max_grad_norm = float(max_grad_norm)
         self.param_groups: list[dict[str, Any]] = []
-        self.state: dict[Tensor, dict[str, Any]] = {}
-        self._grad_of: dict[int, Tensor | None] = {}
+        # Also resets `_kept`, per group: (state version, params, their state dicts) last step.
+        self.state = ParamStateDict()
         items = list(params)
         groups = items if items and isinstance(items[0], dict) else [{"params": items}]
         for group in groups:
@@ -189,28 +192,33 @@ class FusedOptimizer:
                 (``None`` skips that param); e.g. float16 accumulators of float32 params,
                 which torch does not allow as ``.grad``.
         """
-        flat = [p for g in self.param_groups for p in g["params"]]
+        sizes = [len(g["params"]) for g in self.param_groups]
         if grads is None:
-            grads = [p.grad for p in flat]
-        if len(grads) != len(flat):
-            raise ValueError(f"step got {len(grads)} grads for {len(flat)} params")
-        grad_of = {id(p): g for p, g in zip(flat, grads)}
-        live = [[p for p in g["params"] if grad_of[id(p)] is not None]
-                for g in self.param_groups]  # fmt: skip
-        clip = self._clip_coef([grad_of[id(p)] for ps in live for p in ps])
+            grads = [p.grad for g in self.param_groups for p in g["params"]]
+        elif len(grads) != sum(sizes):
+            raise ValueError(f"step got {len(grads)} grads for {sum(sizes)} params")
+        work = []  # (group, params with a gradient, their gradients)
+        offset = 0
+        for group, size in zip(self.param_groups, sizes):
+            params, gs = group["params"], list(grads[offset : offset + size])
+            offset += size
+            if any(g is None for g in gs):
+                live = [(p, g) for p, g in zip(params, gs) if g is not None]
+                params, gs = [p for p, _ in live], [g for _, g in live]
+            if params:
+                work.append((group, params, gs))
+        clip = self._clip_coef([g for _, _, gs in work for g in gs])
         chunk = self.chunk_elements if self.off_chip else 0
-        common = dict(loss_scaling=self.loss_scaling, clip_coef=clip, chunk_elements=chunk)
-        self._place_states([p for ps in live for p in ps])
-        self._grad_of = grad_of
-        try:
-            for group, params in zip(self.param_groups, live):
-                if params:
-                    getattr(self, f"_step_{self.kind}")(group, params, common)
-        finally:
-            self._grad_of = {}  # do not keep the gradients alive between steps
-
-    def _grads(self, params: list[Tensor]) -> list[Tensor]:
-        return [self._grad_of[id(p)] for p in params]
+        placed = [p for _, params, _ in work for p in params]
+        self._place_states(placed)
+        # The direct C++ bindings serve CPU tensors; others go through the dispatcher to their
+        # device's kernel (see poptorch_sim/kernels/generic/).
+        direct = not any(p.device.type != "cpu" for p in placed)
+        common = dict(loss_scaling=self.loss_scaling, clip_coef=clip, chunk_elements=chunk,
+                      direct=direct)  # fmt: skip
+        step_kind = getattr(self, f"_step_{self.kind}")
+        for group, params, gs in work:
+            step_kind(group, params, gs, common)
 
     def _clip_coef(self, grads: list[Tensor]) -> float:
         if math.isinf(self.max_grad_norm) or not grads:
@@ -253,45 +261,73 @@ class FusedOptimizer:
                 if name != "step" and isinstance(value, Tensor):
                     self.state[p][name] = self._placed(p, value)
 
-    def _steps(self, params: list[Tensor]) -> list[float]:
-        out = []
-        for p in params:
-            step = self.state[p]["step"]
-            step += 1
-            out.append(float(step))
-        return out
+    @staticmethod
+    def _steps(states: list[dict[str, Any]]) -> list[float]:
+        """Increments each state's ``step`` tensor; returns the steps being taken."""
+        return increment_steps_([st["step"] for st in states], direct=True)
 
-    def _step_sgd(self, group: dict[str, Any], params: list[Tensor], common: dict) -> None:
+    def _step_sgd(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor],
+                  common: dict) -> None:  # fmt: skip
         hyper = {k: group[k] for k in ("lr", "momentum", "dampening", "weight_decay",
                                        "nesterov", "maximize")}  # fmt: skip
         if group["momentum"] == 0:
-            sgd_step_(params, self._grads(params), [], first_step=False, **hyper, **common)
+            sgd_step_(params, grads, [], first_step=False, **hyper, **common)
             return
         fresh = [p for p in params if self.state.get(p, {}).get("momentum_buffer") is None]
         for p in fresh:
             self.state.setdefault(p, {})["momentum_buffer"] = self._zeros(p, 0)
-        old = [p for p in params if p not in set(fresh)]
-        for subset, first in ((fresh, True), (old, False)):
-            if subset:
+        is_fresh = {id(p) for p in fresh}
+        for first in (True, False):
+            pairs = [(p, g) for p, g in zip(params, grads) if (id(p) in is_fresh) == first]
+            if pairs:
+                subset = [p for p, _ in pairs]
                 bufs = [self.state[p]["momentum_buffer"] for p in subset]
-                sgd_step_(subset, self._grads(subset), bufs, first_step=first, **hyper,
+                sgd_step_(subset, [g for _, g in pairs], bufs, first_step=first, **hyper,
                           **common)  # fmt: skip
 
-    def _init_moments(self, params: list[Tensor], names: Sequence[tuple[str, int]]) -> None:
-        for p in params:
-            st = self.state.setdefault(p, {})
-            if "step" not in st:
-                st["step"] = torch.tensor(0.0, dtype=torch.float32)
-            for name, order in names:
-                if st.get(name) is None:
-                    st[name] = self._zeros(p, order)
+    @property
+    def state(self) -> ParamStateDict:
+        """Per-parameter state, as ``torch.optim.Optimizer.state``."""
+        return self._state
 
-    def _step_adam(self, group: dict[str, Any], params: list[Tensor], common: dict) -> None:
-        self._init_moments(params, (("exp_avg", 0), ("exp_avg_sq", 1)))
+    @state.setter
+    def state(self, value: dict[Tensor, dict[str, Any]]) -> None:
+        self._state = value if isinstance(value, ParamStateDict) else ParamStateDict(value)
+        self._kept: dict[int, tuple[int, list[Tensor], list[dict[str, Any]]]] = {}
+
+    def _init_moments(self, group: dict[str, Any], params: list[Tensor],
+                      names: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:  # fmt: skip
+        """Each param's state, with its ``step`` and the named moments created when missing.
+
+        The list is kept for the group's next step while neither the state's entries nor the
+        params change (see ``ParamStateDict``).
+        """
+        kept = self._kept.get(id(group))
+        if (kept is not None and kept[0] == self.state.version and len(kept[1]) == len(params)
+                and all(map(operator.is_, kept[1], params))):  # fmt: skip
+            return kept[2]
+        want = {"step", *(name for name, _ in names)}
+        states = []
+        for p in params:
+            st = self.state.get(p)
+            if st is None or not want <= st.keys():
+                st = self.state.setdefault(p, {})
+                if st.get("step") is None:
+                    st["step"] = torch.tensor(0.0, dtype=torch.float32)
+                for name, order in names:
+                    if st.get(name) is None:
+                        st[name] = self._zeros(p, order)
+            states.append(st)
+        self._kept[id(group)] = (self.state.version, list(params), states)
+        return states
+
+    def _step_adam(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor],
+                   common: dict) -> None:  # fmt: skip
+        states = self._init_moments(group, params, (("exp_avg", 0), ("exp_avg_sq", 1)))
         beta1, beta2 = group["betas"]
         adam_step_(
-            params, self._grads(params), [self.state[p]["exp_avg"] for p in params],
-            [self.state[p]["exp_avg_sq"] for p in params], self._steps(params), lr=group["lr"],
+            params, grads, [st["exp_avg"] for st in states],
+            [st["exp_avg_sq"] for st in states], self._steps(states), lr=group["lr"],
             beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
             decoupled_weight_decay=self.kind == "adamw",
             bias_correction=group.get("bias_correction", True), maximize=group["maximize"],
@@ -300,29 +336,31 @@ class FusedOptimizer:
 
     _step_adamw = _step_adam
 
-    def _step_rmsprop(self, group: dict[str, Any], params: list[Tensor], common: dict) -> None:
+    def _step_rmsprop(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor],
+                      common: dict) -> None:  # fmt: skip
         names = [("square_avg", 1)]
         if group["momentum"] > 0:
             names.append(("momentum_buffer", 0))
         if group["centered"]:
             names.append(("grad_avg", 0))
-        self._init_moments(params, names)
-        self._steps(params)
-        states = {n: [self.state[p][n] for p in params] for n, _ in names}
+        states = self._init_moments(group, params, names)
+        self._steps(states)
+        lists = {n: [st[n] for st in states] for n, _ in names}
         rmsprop_step_(
-            params, self._grads(params), states["square_avg"],
-            states.get("momentum_buffer", []), states.get("grad_avg", []), lr=group["lr"],
-            alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
-            momentum=group["momentum"], centered=group["centered"], maximize=group["maximize"],
+            params, grads, lists["square_avg"], lists.get("momentum_buffer", []),
+            lists.get("grad_avg", []), lr=group["lr"], alpha=group["alpha"], eps=group["eps"],
+            weight_decay=group["weight_decay"], momentum=group["momentum"],
+            centered=group["centered"], maximize=group["maximize"],
             use_tf_variant=group["use_tf_variant"], **common,
         )  # fmt: skip
 
-    def _step_lamb(self, group: dict[str, Any], params: list[Tensor], common: dict) -> None:
-        self._init_moments(params, (("exp_avg", 0), ("exp_avg_sq", 1)))
+    def _step_lamb(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor],
+                   common: dict) -> None:  # fmt: skip
+        states = self._init_moments(group, params, (("exp_avg", 0), ("exp_avg_sq", 1)))
         beta1, beta2 = group["betas"]
         lamb_step_(
-            params, self._grads(params), [self.state[p]["exp_avg"] for p in params],
-            [self.state[p]["exp_avg_sq"] for p in params], self._steps(params), lr=group["lr"],
+            params, grads, [st["exp_avg"] for st in states],
+            [st["exp_avg_sq"] for st in states], self._steps(states), lr=group["lr"],
             beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
             max_weight_norm=group["max_weight_norm"], bias_correction=group["bias_correction"],
             **common,

@@ -6,6 +6,7 @@ Each op runs the C++ kernel on CPU tensors and its generic torch implementation
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ __all__ = [
     "accumulate_many_",
     "adam_step_",
     "grad_norm",
+    "increment_steps_",
     "lamb_step_",
     "offload_reset_stats",
     "offload_stats",
@@ -35,6 +37,16 @@ TILE_ELEMENTS = 1024
 
 load_library()
 _ops = torch.ops.poptorch_sim
+# The same C++ functions bound by pybind11 (csrc/bindings.cpp): `direct=True` calls them without
+# the dispatcher, whose argument conversion costs ~1 us per tensor of each list.
+_direct = importlib.import_module("poptorch_sim._C")
+
+
+def _call(name: str, direct: bool, lists: tuple, hyper: dict[str, Any]) -> Any:
+    """Runs op ``name``; ``hyper`` is in schema order (the bindings take it positionally)."""
+    if direct and not torch.compiler.is_compiling():
+        return getattr(_direct, name)(*lists, *hyper.values())
+    return getattr(_ops, name)(*lists, **hyper)
 
 
 def accumulate_(accum: Tensor, grad: Tensor, scale: float = 1.0) -> Tensor:
@@ -73,33 +85,69 @@ def grad_norm(grads: list[Tensor], loss_scaling: float = 1.0) -> Tensor:
     return _ops.grad_norm(grads, loss_scaling)
 
 
+def increment_steps_(steps: list[Tensor], direct: bool = False) -> list[float]:
+    """Adds 1 to each 0-d ``step`` tensor in place (one call for all params).
+
+    Returns:
+        The incremented values, as ``float(step)`` would read them.
+
+    >>> increment_steps_([torch.tensor(0.0), torch.tensor(4.0)])
+    [1.0, 5.0]
+    """
+    if not steps:
+        return []
+    return _call("increment_steps_", direct, (steps,), {})
+
+
 def sgd_step_(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tensor], *,
               lr: float, momentum: float, dampening: float, weight_decay: float,
               nesterov: bool, maximize: bool, first_step: bool, loss_scaling: float = 1.0,
-              clip_coef: float = 1.0, chunk_elements: int = 0) -> None:  # fmt: skip
-    """Fused ``torch.optim.SGD`` step; ``first_step`` initialises the momentum buffers."""
-    _ops.sgd_step_(
-        params, grads, momentum_buffers, lr=lr, momentum=momentum, dampening=dampening,
-        weight_decay=weight_decay, nesterov=nesterov, maximize=maximize, first_step=first_step,
-        loss_scaling=loss_scaling, clip_coef=clip_coef, chunk_elements=chunk_elements,
-    )  # fmt: skip
+              clip_coef: float = 1.0, chunk_elements: int = 0,
+              direct: bool = False) -> None:  # fmt: skip
+    """Fused ``torch.optim.SGD`` step; ``first_step`` initialises the momentum buffers.
+
+    ``direct`` (all step wrappers): call the C++ function without the dispatcher, for eager
+    CPU tensors only (no fake or meta tensors); ignored while torch.compile traces.
+    """
+    hyper = dict(
+        lr=lr,
+        momentum=momentum,
+        dampening=dampening,
+        weight_decay=weight_decay,
+        nesterov=nesterov,
+        maximize=maximize,
+        first_step=first_step,
+        loss_scaling=loss_scaling,
+        clip_coef=clip_coef,
+        chunk_elements=chunk_elements,
+    )
+    _call("sgd_step_", direct, (params, grads, momentum_buffers), hyper)
 
 
 def adam_step_(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
                exp_avg_sqs: list[Tensor], steps: list[float], *, lr: float, beta1: float,
                beta2: float, eps: float, weight_decay: float, decoupled_weight_decay: bool,
                bias_correction: bool = True, maximize: bool = False, loss_scaling: float = 1.0,
-               clip_coef: float = 1.0, chunk_elements: int = 0) -> None:  # fmt: skip
+               clip_coef: float = 1.0, chunk_elements: int = 0,
+               direct: bool = False) -> None:  # fmt: skip
     """Fused ``torch.optim.Adam`` (or ``AdamW`` with ``decoupled_weight_decay``) step.
 
     ``steps`` are the step numbers being taken (already incremented, >= 1).
     """
-    _ops.adam_step_(
-        params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-        weight_decay=weight_decay, decoupled_weight_decay=decoupled_weight_decay,
-        bias_correction=bias_correction, maximize=maximize, loss_scaling=loss_scaling,
-        clip_coef=clip_coef, chunk_elements=chunk_elements,
-    )  # fmt: skip
+    hyper = dict(
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        decoupled_weight_decay=decoupled_weight_decay,
+        bias_correction=bias_correction,
+        maximize=maximize,
+        loss_scaling=loss_scaling,
+        clip_coef=clip_coef,
+        chunk_elements=chunk_elements,
+    )
+    _call("adam_step_", direct, (params, grads, exp_avgs, exp_avg_sqs, steps), hyper)
 
 
 def rmsprop_step_(params: list[Tensor], grads: list[Tensor], square_avgs: list[Tensor],
@@ -107,28 +155,44 @@ def rmsprop_step_(params: list[Tensor], grads: list[Tensor], square_avgs: list[T
                   alpha: float, eps: float, weight_decay: float, momentum: float,
                   centered: bool, maximize: bool = False, use_tf_variant: bool = False,
                   loss_scaling: float = 1.0, clip_coef: float = 1.0,
-                  chunk_elements: int = 0) -> None:  # fmt: skip
+                  chunk_elements: int = 0, direct: bool = False) -> None:  # fmt: skip
     """Fused ``torch.optim.RMSprop`` step (``use_tf_variant``: eps inside the square root)."""
-    _ops.rmsprop_step_(
-        params, grads, square_avgs, momentum_buffers, grad_avgs, lr=lr, alpha=alpha, eps=eps,
-        weight_decay=weight_decay, momentum=momentum, centered=centered, maximize=maximize,
-        use_tf_variant=use_tf_variant, loss_scaling=loss_scaling, clip_coef=clip_coef,
+    hyper = dict(
+        lr=lr,
+        alpha=alpha,
+        eps=eps,
+        weight_decay=weight_decay,
+        momentum=momentum,
+        centered=centered,
+        maximize=maximize,
+        use_tf_variant=use_tf_variant,
+        loss_scaling=loss_scaling,
+        clip_coef=clip_coef,
         chunk_elements=chunk_elements,
-    )  # fmt: skip
+    )
+    lists = (params, grads, square_avgs, momentum_buffers, grad_avgs)
+    _call("rmsprop_step_", direct, lists, hyper)
 
 
 def lamb_step_(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
                exp_avg_sqs: list[Tensor], steps: list[float], *, lr: float, beta1: float,
                beta2: float, eps: float, weight_decay: float, max_weight_norm: float,
                bias_correction: bool = True, loss_scaling: float = 1.0, clip_coef: float = 1.0,
-               chunk_elements: int = 0) -> None:  # fmt: skip
+               chunk_elements: int = 0, direct: bool = False) -> None:  # fmt: skip
     """Fused PopTorch LAMB step (trust ratio min(||w||, max_weight_norm) / ||r|| per param)."""
-    _ops.lamb_step_(
-        params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-        weight_decay=weight_decay, max_weight_norm=max_weight_norm,
-        bias_correction=bias_correction, loss_scaling=loss_scaling, clip_coef=clip_coef,
+    hyper = dict(
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        max_weight_norm=max_weight_norm,
+        bias_correction=bias_correction,
+        loss_scaling=loss_scaling,
+        clip_coef=clip_coef,
         chunk_elements=chunk_elements,
-    )  # fmt: skip
+    )
+    _call("lamb_step_", direct, (params, grads, exp_avgs, exp_avg_sqs, steps), hyper)
 
 
 def offload_stats() -> dict[str, int]:
@@ -151,6 +215,10 @@ def offload_reset_stats() -> None:
 def _register_fakes() -> None:
     def _none(*args: Any, **kwargs: Any) -> None:
         return None
+
+    @torch.library.register_fake("poptorch_sim::increment_steps_")
+    def _increment_steps_fake(steps: list[Tensor]) -> list[float]:
+        return [0.0] * len(steps)
 
     for name in ("sgd_step_", "adam_step_", "rmsprop_step_", "lamb_step_", "accumulate_",
                  "accumulate_many_"):  # fmt: skip

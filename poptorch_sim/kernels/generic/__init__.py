@@ -24,7 +24,14 @@ import torch
 from ..engine import load_library
 from . import offload
 from .accumulation import accumulate_, accumulate_many_, stream_sum
-from .optim import adam_step_, grad_norm, lamb_step_, rmsprop_step_, sgd_step_
+from .optim import (
+    adam_step_,
+    grad_norm,
+    increment_steps_,
+    lamb_step_,
+    rmsprop_step_,
+    sgd_step_,
+)
 from .sorting import argsort, batched_nms, nms, sort, topk
 
 __all__ = [
@@ -35,6 +42,7 @@ __all__ = [
     "argsort",
     "batched_nms",
     "grad_norm",
+    "increment_steps_",
     "lamb_step_",
     "nms",
     "offload",
@@ -62,6 +70,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "rmsprop_step_": rmsprop_step_,
     "lamb_step_": lamb_step_,
     "grad_norm": grad_norm,
+    "increment_steps_": increment_steps_,
 }
 
 _registered: set[str] = set()

@@ -332,3 +332,18 @@ def grad_norm(grads: list[Tensor], loss_scaling: float) -> Tensor:
         unscaled = g.float() / _const(loss_scaling, g)
         total = total + unscaled.double().square().sum().to(device)
     return total.sqrt().float()
+
+
+def increment_steps_(steps: list[Tensor]) -> list[float]:
+    """``poptorch_sim::increment_steps_``: add one to each one-element step tensor, in place.
+
+    Returns:
+        The new steps, as floats.
+    """
+    out = []
+    for i, t in enumerate(steps):
+        if t.numel() != 1:
+            raise RuntimeError(f"steps[{i}] must be a one-element tensor, got {tuple(t.shape)}")
+        t.add_(1)
+        out.append(float(t.item()))
+    return out
