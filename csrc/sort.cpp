@@ -70,10 +70,18 @@ void sort_rows_tiled(
   for (int64_t row = 0; row < rows; ++row) {
     uint32_t flags = 0;
     const scalar_t* row_in = in + row * n;
+    scalar_t* row_values = values ? values + row * n : nullptr;
+    if constexpr (std::is_same<Item, uint64_t>::value) {
+      if (std::min(tiles, (n + 15) / 16) > 1 && n >= kScatterSortMin &&
+          scatter_sort_into<Codec>(row_in, n, flip, tiles, scope, buf, row_values,
+                                   indices + row * n)) {
+        continue;
+      }
+    }
     Item* sorted = tile_sort_row<Codec>(row_in, n, flip, tiles, scope, buf, scratch, flags);
     // Four work units per tile, claimed one by one (see [Note: tile pool]).
-    write_sorted<Codec>(sorted, n, row_in, flip, flags != 0, values ? values + row * n : nullptr,
-                        indices + row * n, tiles * 4, &scope);
+    write_sorted<Codec>(sorted, n, row_in, flip, flags != 0, row_values, indices + row * n,
+                        tiles * 4, &scope);
   }
 }
 
