@@ -1,11 +1,11 @@
 // The scatter sort of one long row across tiles: one exchange, then cache-resident radix
-// sorts that write the outputs. See [Note: scatter sort] and [Note: sort keys] in sort.h.
+// sorts that write the outputs. See [Note: scatter sort] in scatter_sort.h.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-#include "sort.h"
+#include "scatter_sort.h"
 
 namespace poptorch_sim {
 namespace sorting {
@@ -290,7 +290,7 @@ bool cpu_has_avx2() {
   return has;
 }
 
-// [Note: scatter sort] (the steps, as listed in sort.h)
+// See [Note: scatter sort] in scatter_sort.h for the steps.
 bool scatter_sort_row(
     int64_t n, int64_t tiles, KernelScope& scope, uint64_t* items, const KeyChunk& keys,
     const Emit& emit) {

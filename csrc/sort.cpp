@@ -1,6 +1,6 @@
 // poptorch_sim::sort and ::argsort: torch.sort's contract, sorted over the tile engine.
-// See [Note: sort keys] in sort.h, [Note: scatter sort] in radix.cpp, [Note: tile engine].
-#include "sort.h"
+// See [Note: sort keys] in sort.h, [Note: scatter sort] in scatter_sort.h, [Note: tile engine].
+#include "scatter_sort.h"
 
 #include <cstdlib>
 #include <memory>
