@@ -15,6 +15,7 @@ namespace {
 constexpr int kMsdBits = 12;  // the exchange's digit
 constexpr uint32_t kMsdMask = (1u << kMsdBits) - 1;
 constexpr int64_t kMsdBuckets = int64_t{1} << kMsdBits;
+constexpr int kTopShift = 32 - kMsdBits;  // shift of the top digit
 constexpr int64_t kChunk = 2048;          // keys made at a time, kept in L1
 constexpr int64_t kCacheResident = 32768;  // a group this small is sorted inside L2
 // Neighbouring digits share a group only while it stays this small: a group of one digit
@@ -101,9 +102,6 @@ std::vector<uint32_t> stream_cursors(
   return cursors;
 }
 
-// Stable scatter of one stream's items to their groups. Items gather in a staging copy of
-// their destination's cache line (write combining) and go out when the line is full, so the
-// exchange writes whole, aligned lines instead of touching one line per item.
 // [Note: two-step scatter]
 // A scatter written as one loop, dst[cursor[digit]++] = item, runs at a fraction of the
 // speed of its two halves run apart: each store's address comes from a cursor load, and the
@@ -260,6 +258,49 @@ void emit_in_index_order(
   }, streams.n);
 }
 
+// Superstep 1 (with 2 fused): makes every stream's keys and counts them by their top digit.
+// Returns the OR of the bits in which keys differ from element 0's.
+uint32_t build_and_count(
+    const Streams& streams, const KeyChunk& keys, KernelScope& scope,
+    std::vector<uint32_t>& counts) {
+  std::vector<uint32_t> diffs(static_cast<size_t>(streams.count), 0u);
+  scope.superstep(streams.count, [&](int64_t s) {
+    uint32_t* c = counts.data() + s * kMsdBuckets;
+    diffs[s] = for_each_key_chunk(streams, s, keys, [&](const uint32_t* chunk, int64_t lo,
+                                                        int64_t hi) {
+      for (int64_t i = 0; i < hi - lo; ++i) {
+        ++c[chunk[i] >> kTopShift];
+      }
+    });
+  }, streams.n);
+  uint32_t diff = 0;
+  for (uint32_t d : diffs) {
+    diff |= d;
+  }
+  return diff;
+}
+
+// Superstep 4, the exchange: every stream makes its keys again and scatters its (key, index)
+// items to their groups' places.
+void exchange(
+    const Streams& streams, const KeyChunk& keys, const Groups& groups,
+    std::vector<uint32_t> cursors, int shift, uint64_t* items, KernelScope& scope) {
+  scope.superstep(streams.count, [&](int64_t s) {
+    uint32_t* cursor = cursors.data() + s * groups.size();
+    const uint16_t* group_of = groups.group_of.data();
+    for_each_key_chunk(streams, s, keys, [&](const uint32_t* chunk, int64_t lo, int64_t hi) {
+      two_step_scatter(
+          hi - lo,
+          [chunk, lo](int64_t j) {
+            return (static_cast<uint64_t>(chunk[j]) << 32) | static_cast<uint64_t>(lo + j);
+          },
+          [chunk, group_of, shift](int64_t j) { return group_of[(chunk[j] >> shift) & kMsdMask]; },
+          cursor, items);
+    });
+  }, streams.n);
+  scope.add_bytes_exchanged(streams.n * static_cast<int64_t>(sizeof(uint64_t)));
+}
+
 // Superstep 5: every stream sorts the groups that start in its range and writes them out.
 void sort_groups(
     const Streams& streams, const Groups& groups, int shift, const uint64_t* items,
@@ -295,22 +336,8 @@ bool scatter_sort_row(
     int64_t n, int64_t tiles, KernelScope& scope, uint64_t* items, const KeyChunk& keys,
     const Emit& emit) {
   const Streams streams{n, tiles * kStreamsPerTile};
-  constexpr int kTopShift = 32 - kMsdBits;
   std::vector<uint32_t> counts(static_cast<size_t>(streams.count * kMsdBuckets), 0u);
-  std::vector<uint32_t> diffs(static_cast<size_t>(streams.count), 0u);
-  scope.superstep(streams.count, [&](int64_t s) {
-    uint32_t* c = counts.data() + s * kMsdBuckets;
-    diffs[s] = for_each_key_chunk(streams, s, keys, [&](const uint32_t* chunk, int64_t lo,
-                                                        int64_t hi) {
-      for (int64_t i = 0; i < hi - lo; ++i) {
-        ++c[chunk[i] >> kTopShift];
-      }
-    });
-  }, n);
-  uint32_t diff = 0;
-  for (uint32_t d : diffs) {
-    diff |= d;
-  }
+  const uint32_t diff = build_and_count(streams, keys, scope, counts);
   if (diff == 0) {
     scope.add_supersteps(1);  // nothing to count
     emit_in_index_order(streams, keys, emit, scope);
@@ -326,21 +353,8 @@ bool scatter_sort_row(
   if (groups.largest > std::max<int64_t>(kCacheResident, 2 * n / tiles)) {
     return false;
   }
-  std::vector<uint32_t> cursors = stream_cursors(counts, groups, streams.count);
-  scope.superstep(streams.count, [&](int64_t s) {
-    uint32_t* cursor = cursors.data() + s * groups.size();
-    const uint16_t* group_of = groups.group_of.data();
-    for_each_key_chunk(streams, s, keys, [&](const uint32_t* chunk, int64_t lo, int64_t hi) {
-      two_step_scatter(
-          hi - lo,
-          [chunk, lo](int64_t j) {
-            return (static_cast<uint64_t>(chunk[j]) << 32) | static_cast<uint64_t>(lo + j);
-          },
-          [chunk, group_of, shift](int64_t j) { return group_of[(chunk[j] >> shift) & kMsdMask]; },
-          cursor, items);
-    });
-  }, n);
-  scope.add_bytes_exchanged(n * static_cast<int64_t>(sizeof(uint64_t)));
+  exchange(streams, keys, groups, stream_cursors(counts, groups, streams.count), shift, items,
+           scope);
   sort_groups(streams, groups, shift, items, emit, scope);
   scope.add_supersteps(1);  // the write-out ran fused into the sort
   const double log_chunk = std::max(1.0, std::log2(static_cast<double>(n) / tiles));
