@@ -1,4 +1,4 @@
-// Radix sorts of packed (key << 32 | index) items: per tile, and one row across tiles.
+// Radix sorts of packed (key << 32 | index) items inside one tile.
 // See [Note: sort keys] in sort.h.
 #include <algorithm>
 #include <cmath>
@@ -14,9 +14,6 @@ namespace {
 
 constexpr int64_t kInsertionSortMax = 48;
 constexpr int64_t kCacheResident = 32768;  // items sorted digit by digit inside L2
-// Neighbouring digits of the scatter sort share a group only while it stays this small: a
-// group of one digit has kMsdBits fewer key bits left to sort (one radix pass fewer).
-constexpr int64_t kSmallGroup = 2048;
 
 inline uint32_t high_word(uint64_t item) { return static_cast<uint32_t>(item >> 32); }
 
@@ -103,39 +100,6 @@ bool stable_scatter(
 }
 
 constexpr int kMsdBits = 12;  // digit of a most-significant-digit pass
-
-constexpr int kLineItems = 8;  // items per 64-byte cache line
-
-// Stable scatter of src[lo, hi) to dst at cursor[group_of[digit]], staging each group's items
-// in a cache line of its own and writing whole lines out.
-void write_combined_scatter(
-    const uint64_t* src, uint64_t* dst, int64_t lo, int64_t hi, int shift, const uint16_t* map,
-    uint32_t* cursor, int64_t groups) {
-  constexpr uint32_t kMask = (1u << kMsdBits) - 1;
-  thread_local std::vector<uint64_t> lines;
-  thread_local std::vector<uint8_t> fill;
-  lines.resize(static_cast<size_t>(groups * kLineItems));
-  fill.assign(static_cast<size_t>(groups), 0);
-  uint64_t* line = lines.data();
-  uint8_t* count = fill.data();
-  for (int64_t i = lo; i < hi; ++i) {
-    const uint64_t item = src[i];
-    const uint32_t g = map[(item >> shift) & kMask];
-    const uint32_t k = count[g];
-    line[g * kLineItems + k] = item;
-    if (k == kLineItems - 1) {
-      std::memcpy(dst + cursor[g], line + g * kLineItems, sizeof(uint64_t) * kLineItems);
-      cursor[g] += kLineItems;
-      count[g] = 0;
-    } else {
-      count[g] = static_cast<uint8_t>(k + 1);
-    }
-  }
-  for (int64_t g = 0; g < groups; ++g) {
-    std::memcpy(dst + cursor[g], line + g * kLineItems, sizeof(uint64_t) * count[g]);
-    cursor[g] += count[g];
-  }
-}
 
 // One most-significant-digit pass: items are counted by the 12-bit digit at `shift`, runs of
 // neighbouring digits are grouped so that each group fits in cache (a digit bigger than that
@@ -254,131 +218,6 @@ void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
     radix_sort_high_words(scratch + lo, items + lo, size);
     std::memcpy(items + lo, scratch + lo, static_cast<size_t>(size) * sizeof(uint64_t));
   }
-}
-
-// [Note: scatter sort]
-// One row spread over T tiles in five supersteps, one of them a real exchange:
-//   1 build   each tile packs the items of its slice, noting which key bits differ
-//   2 count   each tile counts its items by the 12-bit digit below the highest differing bit
-//   3 (sync)  digit counts are summed; every digit is a group of its own (only runs of small
-//             neighbouring digits share one), so a group has 12 key bits fewer left to sort;
-//             every tile learns where its items of each group go (tile order keeps it stable)
-//   4 scatter each tile sends its items to their groups' places (the exchange), through
-//             cache-line write-combining buffers
-//   5 sort    groups are dealt out to tiles by position; each tile radix-sorts its groups
-// (the write-out of values and indices is one more superstep). A group that is one huge digit
-// (keys bunched below the digit) would leave one tile with most of the work; then the row
-// goes back to per-tile sorts and merges.
-uint64_t* scatter_sort_row(
-    int64_t n, int64_t tiles, KernelScope& scope, uint64_t* items, uint64_t* scratch,
-    const std::function<uint32_t(int64_t, int64_t)>& build) {
-  constexpr uint32_t kMask = (1u << kMsdBits) - 1;
-  constexpr int64_t kBuckets = int64_t{1} << kMsdBits;
-  // Each tile's share of a superstep runs as kStreams work units (its streams), which the
-  // host threads claim one by one, so a descheduled thread holds up less of the superstep.
-  // Superstep 2 (count) runs inside superstep 1 on the host: each stream's items are counted
-  // by their top 12 key bits chunk by chunk while they are still in cache. The digit is only
-  // right when the top key bit differs (mixed signs); otherwise superstep 2 runs on its own.
-  const int64_t streams = tiles * kStreams;
-  constexpr int kTopShift = 64 - kMsdBits;
-  constexpr int64_t kChunk = 4096;
-  std::vector<uint32_t> counts(static_cast<size_t>(streams * kBuckets), 0u);
-  std::vector<uint32_t> diffs(static_cast<size_t>(streams), 0u);
-  scope.superstep(streams, [&](int64_t s) {
-    {
-      uint32_t* c = counts.data() + s * kBuckets;
-      const int64_t end = split_point(n, streams, s + 1);
-      for (int64_t lo = split_point(n, streams, s); lo < end; lo += kChunk) {
-        const int64_t hi = std::min(end, lo + kChunk);
-        diffs[s] |= build(lo, hi);
-        for (int64_t i = lo; i < hi; ++i) {
-          ++c[items[i] >> kTopShift];
-        }
-      }
-    }
-  }, n);
-  uint32_t diff = 0;
-  for (uint32_t d : diffs) {
-    diff |= d;
-  }
-  if (diff == 0) {
-    return items;  // all keys equal: built in index order, already sorted
-  }
-  const int shift = 32 + std::max(0, 32 - __builtin_clz(diff) - kMsdBits);
-  if (shift == kTopShift) {
-    scope.add_supersteps(1);  // the fused count
-  } else {
-    std::fill(counts.begin(), counts.end(), 0u);
-    scope.superstep(streams, [&](int64_t s) {
-      {
-        uint32_t* c = counts.data() + s * kBuckets;
-        for (int64_t i = split_point(n, streams, s); i < split_point(n, streams, s + 1); ++i) {
-          ++c[(items[i] >> shift) & kMask];
-        }
-      }
-    }, n);
-  }
-  std::vector<uint16_t> group_of(kBuckets);
-  std::vector<int64_t> group_sizes;
-  int64_t open = 0;
-  for (int64_t d = 0; d < kBuckets; ++d) {
-    int64_t total = 0;
-    for (int64_t s = 0; s < streams; ++s) {
-      total += counts[s * kBuckets + d];
-    }
-    if (group_sizes.empty() || (open > 0 && open + total > kSmallGroup)) {
-      group_sizes.push_back(0);
-      open = 0;
-    }
-    group_of[d] = static_cast<uint16_t>(group_sizes.size() - 1);
-    group_sizes.back() += total;
-    open += total;
-  }
-  const int64_t largest = *std::max_element(group_sizes.begin(), group_sizes.end());
-  if (largest > std::max<int64_t>(kCacheResident, 2 * n / tiles)) {
-    return nullptr;
-  }
-  const auto groups = static_cast<int64_t>(group_sizes.size());
-  std::vector<uint32_t> cursors(static_cast<size_t>(streams * groups), 0u);
-  for (int64_t s = 0; s < streams; ++s) {
-    for (int64_t d = 0; d < kBuckets; ++d) {
-      cursors[s * groups + group_of[d]] += counts[s * kBuckets + d];
-    }
-  }
-  std::vector<int64_t> group_starts(static_cast<size_t>(groups + 1), 0);
-  uint32_t offset = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    group_starts[g] = offset;
-    for (int64_t s = 0; s < streams; ++s) {
-      const uint32_t count = cursors[s * groups + g];
-      cursors[s * groups + g] = offset;
-      offset += count;
-    }
-  }
-  group_starts[groups] = n;
-  scope.superstep(streams, [&](int64_t s) {
-    // Items gather in a cache line per group (write combining) before they go out, so the
-    // scatter writes whole lines instead of touching one line per item.
-    const uint16_t* map = group_of.data();
-    {
-      write_combined_scatter(
-          items, scratch, split_point(n, streams, s), split_point(n, streams, s + 1), shift,
-          map, cursors.data() + s * groups, groups);
-    }
-  }, n);
-  scope.add_bytes_exchanged(n * static_cast<int64_t>(sizeof(uint64_t)));
-  scope.superstep(streams, [&](int64_t s) {
-    const int64_t lo = split_point(n, streams, s);
-    const int64_t hi = split_point(n, streams, s + 1);
-    const auto begin = std::lower_bound(group_starts.begin(), group_starts.end() - 1, lo);
-    for (auto it = begin; it != group_starts.end() - 1 && *it < hi; ++it) {
-      const int64_t size = *(it + 1) - *it;
-      radix_sort_high_words(scratch + *it, items + *it, size);
-    }
-  }, n);
-  const double log_chunk = std::max(1.0, std::log2(static_cast<double>(n) / tiles));
-  scope.add_compare_exchanges(static_cast<int64_t>(static_cast<double>(n) * log_chunk));
-  return scratch;
 }
 
 }  // namespace sorting

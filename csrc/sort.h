@@ -200,54 +200,15 @@ void merge_round(
 template <typename Item>
 Item* merge_tiles(Item* buf, Item* scratch, int64_t n, int64_t tiles, KernelScope& scope);
 
-// Rows at least this long take the scatter sort when spread over several tiles.
-constexpr int64_t kScatterSortMin = int64_t{1} << 16;
-
-// Sorts packed items of one row with one exchange (see [Note: scatter sort] in radix.cpp).
-// `build(lo, hi)` fills items[lo, hi) in index order and returns the OR of the bits in which
-// their high words differ from item 0's. Returns the buffer holding the result, or nullptr
-// when the keys are too skewed to spread over the tiles (items then hold the built items).
-uint64_t* scatter_sort_row(
-    int64_t n, int64_t tiles, KernelScope& scope, uint64_t* items, uint64_t* scratch,
-    const std::function<uint32_t(int64_t, int64_t)>& build);
-
-// Sorts one row over `tiles` tiles. Packed items take the scatter sort; otherwise (or when
-// it declines) each tile builds and sorts the items of its slice (superstep 1), then
-// ceil(log2 tiles) merge supersteps follow. Returns the buffer holding the result.
+// Sorts one row over `tiles` tiles: each tile builds and sorts the items of its slice
+// (superstep 1), then ceil(log2 tiles) merge supersteps follow. Returns the buffer holding
+// the result.
 template <typename Codec, typename scalar_t>
 typename Codec::Item* tile_sort_row(
     const scalar_t* in, int64_t n, uint32_t flip, int64_t tiles, KernelScope& scope,
     typename Codec::Item* buf, typename Codec::Item* scratch, uint32_t& flags) {
-  using Item = typename Codec::Item;
   tiles = std::max<int64_t>(1, std::min(tiles, (n + 15) / 16));
   std::atomic<uint32_t> shared_flags{0};
-  if constexpr (std::is_same<Item, uint64_t>::value) {
-    if (tiles > 1 && n >= kScatterSortMin) {
-      uint32_t unused = 0;
-      const uint64_t reference = Codec::make(in[0], 0, flip, unused);
-      Item* sorted = scatter_sort_row(n, tiles, scope, buf, scratch, [&](int64_t lo, int64_t hi) {
-        uint32_t local = 0;
-        uint64_t diff = 0;
-        for (int64_t i = lo; i < hi; ++i) {
-          const uint64_t item = Codec::make(in[i], i, flip, local);
-          buf[i] = item;
-          diff |= item ^ reference;
-        }
-        shared_flags.fetch_or(local, std::memory_order_relaxed);
-        return static_cast<uint32_t>(diff >> 32);
-      });
-      flags |= shared_flags.load();
-      if (sorted != nullptr) {
-        return sorted;
-      }
-      // Too skewed: sort the built items per tile and merge.
-      scope.superstep(tiles, [&](int64_t tile) {
-        const int64_t lo = split_point(n, tiles, tile);
-        Codec::local_sort(buf + lo, scratch + lo, split_point(n, tiles, tile + 1) - lo);
-      }, n);
-      return merge_tiles(buf, scratch, n, tiles, scope);
-    }
-  }
   scope.superstep(tiles, [&](int64_t tile) {
     const int64_t lo = split_point(n, tiles, tile);
     const int64_t hi = split_point(n, tiles, tile + 1);
@@ -287,21 +248,37 @@ Item* merge_tiles(Item* buf, Item* scratch, int64_t n, int64_t tiles, KernelScop
   return src;
 }
 
+// Writes sorted items out as values and int64 indices, serially.
+template <typename Codec, typename scalar_t>
+inline __attribute__((always_inline)) void write_items(
+    const typename Codec::Item* items, int64_t count, const scalar_t* in, uint32_t flip,
+    bool gather, scalar_t* values, int64_t* indices) {
+  if (values == nullptr) {
+    for (int64_t i = 0; i < count; ++i) {
+      indices[i] = Codec::index(items[i]);
+    }
+  } else if (gather) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t index = Codec::index(items[i]);
+      indices[i] = index;
+      values[i] = in[index];
+    }
+  } else {
+    for (int64_t i = 0; i < count; ++i) {
+      indices[i] = Codec::index(items[i]);
+      values[i] = Codec::value(items[i], flip);
+    }
+  }
+}
+
 // Writes sorted items of one row out as values and int64 indices, over `tiles` tiles.
 template <typename Codec, typename scalar_t>
 void write_sorted(
     const typename Codec::Item* items, int64_t count, const scalar_t* in, uint32_t flip,
     bool gather, scalar_t* values, int64_t* indices, int64_t tiles, KernelScope* scope) {
   auto body = [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t index = Codec::index(items[i]);
-      if (indices != nullptr) {
-        indices[i] = index;
-      }
-      if (values != nullptr) {
-        values[i] = gather ? in[index] : Codec::value(items[i], flip);
-      }
-    }
+    write_items<Codec>(items + lo, hi - lo, in, flip, gather, values ? values + lo : nullptr,
+                       indices + lo);
   };
   if (scope == nullptr || tiles <= 1 || count < 4096) {
     body(0, count);

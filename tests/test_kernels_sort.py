@@ -65,6 +65,40 @@ def test_sort_matches_stable_torch_sort(dtype: torch.dtype, descending: bool, le
     _check_against_stable_sort(_sample((length,), dtype), -1, descending)
 
 
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.uint8],
+    ids=str,
+)
+@pytest.mark.parametrize("descending", [False, True], ids=["ascending", "descending"])
+@pytest.mark.parametrize("duplicates", [False, True], ids=["distinct", "duplicates"])
+def test_long_row_scatter_sort_matches_stable_torch_sort(
+    dtype: torch.dtype, descending: bool, duplicates: bool
+) -> None:
+    # Rows of >= 2^16 elements over several tiles take the scatter sort (NaN and -0.0 included).
+    x = _sample((150_000,), dtype, duplicates=duplicates)
+    with kernels.tiles(4):
+        _check_against_stable_sort(x, -1, descending)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.full((100_000,), 2.5),
+        lambda: torch.rand(100_000),
+        lambda: torch.randint(0, 1 << 30, (100_000,), dtype=torch.int32),
+        lambda: torch.cat([torch.zeros(99_999), torch.tensor([-0.0])]),
+    ],
+    ids=["all-equal", "positive-floats", "uniform-ints", "zeros-and-negative-zero"],
+)
+def test_long_row_scatter_sort_key_layouts(make) -> None:
+    x = make()
+    with kernels.tiles(2):
+        _check_against_stable_sort(x, -1, False)
+        argsort = kernels.argsort(x, descending=True)
+    torch.testing.assert_close(argsort, torch.argsort(x, descending=True, stable=True))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("descending", [False, True], ids=["ascending", "descending"])
 def test_sort_duplicates_keep_input_order(dtype: torch.dtype, descending: bool) -> None:
