@@ -15,6 +15,7 @@ from poptorch_sim.runtime import (
     forward_only,
     make_schedule,
     one_f_one_b,
+    schedules,
     sharded,
     simulate,
     validate,
@@ -225,3 +226,26 @@ def _broken_cases():  # type: ignore[no-untyped-def]
 def test_validator_rejects_broken_schedules(schedule, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(Error, match=message):
         validate(schedule)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"N{n}-M{m}" for n, m in SHAPES])
+def test_lookahead_runs_forwards_ahead_on_all_but_the_last_stage(shape: tuple[int, int]) -> None:
+    n, m = shape
+    schedule = one_f_one_b(n, m, lookahead=1)
+    validate(schedule)
+    for s in range(n):
+        live, peak = 0, 0
+        for a in schedule.ipu_actions[s]:
+            live += {F: 1, B: -1}.get(a.kind, 0)
+            peak = max(peak, live)
+        assert peak == min(n - s + (1 if s < n - 1 else 0), m)
+    backward = [a.mb for a in schedule.ipu_actions[0] if a.kind is B]
+    assert backward == list(range(m))  # gradients accumulate in the same order as without it
+
+
+def test_runtime_1f1b_uses_the_lookahead_and_a_negative_one_is_an_error() -> None:
+    assert make_schedule("1f1b", 3, 8, training=True) == one_f_one_b(
+        3, 8, lookahead=schedules.RUNTIME_LOOKAHEAD
+    )
+    with pytest.raises(Error, match="lookahead must be at least 0, got -1"):
+        one_f_one_b(2, 4, lookahead=-1)
