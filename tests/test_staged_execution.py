@@ -130,3 +130,26 @@ def test_each_ipu_steps_its_own_weights_unless_clipping_is_global(tmp_path, clip
     events = json.loads(trace_file.read_text())["traceEvents"]
     steps = [e["tid"] for e in events if e.get("name", "").startswith("optimizer step")]
     assert sorted(steps) == ([0, 0] if clip else [0, 0, 1, 1])
+
+
+def test_set_optimizer_reaches_the_stage_steps() -> None:
+    """setOptimizer's new learning rate is used by the steps that run on the IPU workers."""
+    model = TutorialLike()
+    eager = copy.deepcopy(model)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(4)
+    training = poptorch.trainingModel(model, opts, optimizer=optimizer)
+    eager_opt = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    for lr in (0.1, 0.01, 0.3):
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        training.setOptimizer(optimizer)
+        training(x, y)
+        for group in eager_opt.param_groups:
+            group["lr"] = lr
+        train_reference(eager, eager_opt, (x, y), 1, 4, 1)
+    assert training._executable.program.stage_step is not None
+    for (name, ours), theirs in zip(model.state_dict().items(), eager.state_dict().values()):
+        torch.testing.assert_close(ours, theirs, msg=name)
