@@ -17,17 +17,6 @@ constexpr int64_t kCacheResident = 32768;  // items sorted digit by digit inside
 
 inline uint32_t high_word(uint64_t item) { return static_cast<uint32_t>(item >> 32); }
 
-void insertion_sort(uint64_t* items, int64_t n) {
-  for (int64_t i = 1; i < n; ++i) {
-    const uint64_t item = items[i];
-    int64_t j = i;
-    for (; j > 0 && items[j - 1] > item; --j) {
-      items[j] = items[j - 1];
-    }
-    items[j] = item;
-  }
-}
-
 // Bits in which the high words of the items differ (0: all keys equal).
 uint32_t differing_bits(const uint64_t* items, int64_t n) {
   const uint32_t first = high_word(items[0]);

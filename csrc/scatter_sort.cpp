@@ -128,17 +128,6 @@ inline void two_step_scatter(
   }
 }
 
-void insertion_sort(uint64_t* items, int64_t n) {
-  for (int64_t i = 1; i < n; ++i) {
-    const uint64_t item = items[i];
-    int64_t j = i;
-    for (; j > 0 && items[j - 1] > item; --j) {
-      items[j] = items[j - 1];
-    }
-    items[j] = item;
-  }
-}
-
 // Stable scatter of items[0, m) to `to` by the digit (item >> shift) & mask. Four items are
 // loaded before any is stored, which lets their cursor updates overlap (measured ~15% faster).
 inline void scatter_by_digit(
