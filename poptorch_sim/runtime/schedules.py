@@ -324,7 +324,7 @@ RUNTIME_LOOKAHEAD = 1
 
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "fill_drain": fill_drain,
-    "1f1b": one_f_one_b,
+    "1f1b": functools.partial(one_f_one_b, lookahead=RUNTIME_LOOKAHEAD),
     "forward": forward_only,
     "sharded": sharded,
 }
@@ -353,8 +353,4 @@ def make_schedule(
         return forward_only(num_stages, num_microbatches, stage_ipus=stage_ipus)
     if name == "forward":
         raise Error("the 'forward' schedule has no backward pass; use '1f1b' or 'fill_drain'")
-    if name == "1f1b":
-        return one_f_one_b(
-            num_stages, num_microbatches, stage_ipus=stage_ipus, lookahead=RUNTIME_LOOKAHEAD
-        )
     return SCHEDULES[name](num_stages, num_microbatches, stage_ipus=stage_ipus)
