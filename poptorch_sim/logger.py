@@ -121,18 +121,20 @@ def popart_log_level() -> str:
 _said: set[str] = set()
 
 
-def debug_once(message: str) -> None:
-    """Log ``message`` at debug level the first time it is seen in this process."""
+def _once(level: int, message: str) -> None:
     if message not in _said:
         _said.add(message)
-        logger.debug(message)
+        logger.log(level, message)
+
+
+def debug_once(message: str) -> None:
+    """Log ``message`` at debug level the first time it is seen in this process."""
+    _once(logging.DEBUG, message)
 
 
 def warning_once(message: str) -> None:
     """Log ``message`` as a warning the first time it is seen in this process."""
-    if message not in _said:
-        _said.add(message)
-        logger.warning(message)
+    _once(logging.WARNING, message)
 
 
 setLogLevel(env.log_level())
