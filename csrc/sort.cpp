@@ -4,14 +4,12 @@
 
 #include <cstdlib>
 #include <memory>
-#include <new>
-
-#include <sys/mman.h>
 #include <tuple>
 
 #include <ATen/WrapDimUtils.h>
 #include <torch/library.h>
 
+#include "output_cache.h"
 #include "sort_dispatch.h"
 
 namespace poptorch_sim {
@@ -21,7 +19,7 @@ namespace {
 
 // Per-thread scratch memory that outlives a call, so large sorts do not page-fault fresh
 // buffers every time. Slot 0 and 1 are the item buffer and its ping-pong partner. Buffers are
-// 2 MiB aligned and asked for huge pages: the scatter writes to hundreds of places at once,
+// huge-page blocks (see [Note: output cache]): the scatter writes to hundreds of places at once,
 // which with 4 KiB pages would miss the TLB on nearly every item.
 class Workspace {
  public:
@@ -32,15 +30,8 @@ class Workspace {
 
   void* reserve(size_t bytes) {
     if (bytes > capacity_) {
-      constexpr size_t kHugePage = size_t{1} << 21;
-      const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-      void* fresh = nullptr;
-      if (posix_memalign(&fresh, kHugePage, rounded) != 0) {
-        throw std::bad_alloc();
-      }
-#ifdef MADV_HUGEPAGE
-      madvise(fresh, rounded, MADV_HUGEPAGE);
-#endif
+      size_t rounded = 0;
+      void* fresh = alloc_huge_block(bytes, &rounded);
       std::free(data_);
       data_ = fresh;
       capacity_ = rounded;
@@ -52,26 +43,6 @@ class Workspace {
   void* data_ = nullptr;
   size_t capacity_ = 0;
 };
-
-// [Note: output pages]
-// A large output tensor usually lands in memory the allocator has just mapped (torch.sort or
-// any big temporary freed the last block), so writing it takes a page fault per 4 KiB page:
-// some 3,000 faults, about 3 ms, for the 12 MiB a 2^20 float sort writes, as much as the sort
-// itself. The sort fills its outputs completely, so it asks for huge pages on their 2 MiB-aligned
-// interior first: a handful of faults instead. (A hint only: memory already mapped keeps its
-// pages, and the call fails harmlessly where transparent huge pages are off.)
-void prefer_huge_pages(const at::Tensor& tensor) {
-  constexpr uintptr_t kHugePage = uintptr_t{1} << 21;
-  const auto begin = reinterpret_cast<uintptr_t>(tensor.data_ptr());
-  const uintptr_t end = begin + static_cast<uintptr_t>(tensor.nbytes());
-  const uintptr_t first = (begin + kHugePage - 1) & ~(kHugePage - 1);
-  const uintptr_t last = end & ~(kHugePage - 1);
-#ifdef MADV_HUGEPAGE
-  if (last > first) {
-    madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
-  }
-#endif
-}
 
 template <typename Item>
 Item* workspace(int slot, int64_t n) {
@@ -195,10 +166,8 @@ std::tuple<at::Tensor, at::Tensor> sort_cpu(const at::Tensor& self, int64_t dim,
   check_sortable(self, "sort");
   dim = at::maybe_wrap_dim(dim, self.dim());
   const at::Tensor moved = self.movedim(dim, -1).contiguous();
-  at::Tensor values = at::empty_like(moved, at::MemoryFormat::Contiguous);
-  at::Tensor indices = at::empty(moved.sizes(), moved.options().dtype(at::kLong));
-  prefer_huge_pages(values);
-  prefer_huge_pages(indices);
+  at::Tensor values = empty_output(moved.sizes(), moved.scalar_type());
+  at::Tensor indices = empty_output(moved.sizes(), at::kLong);
   KernelScope scope("sort");
   sort_last_dim(moved, descending, values, indices, scope);
   return {values.movedim(-1, dim).contiguous(), indices.movedim(-1, dim).contiguous()};
@@ -208,8 +177,7 @@ at::Tensor argsort_cpu(const at::Tensor& self, int64_t dim, bool descending) {
   check_sortable(self, "argsort");
   dim = at::maybe_wrap_dim(dim, self.dim());
   const at::Tensor moved = self.movedim(dim, -1).contiguous();
-  at::Tensor indices = at::empty(moved.sizes(), moved.options().dtype(at::kLong));
-  prefer_huge_pages(indices);
+  at::Tensor indices = empty_output(moved.sizes(), at::kLong);
   KernelScope scope("argsort");
   sort_last_dim(moved, descending, at::Tensor(), indices, scope);
   return indices.movedim(-1, dim).contiguous();

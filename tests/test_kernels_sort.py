@@ -288,11 +288,30 @@ def test_concurrent_callers_and_more_threads_than_cores() -> None:
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_large_outputs_reuse_freed_blocks_and_never_share_live_ones() -> None:
+    # See [Note: output cache]: 2^19 float32 values (2 MiB) and their int64 indices come from it.
+    x, y = torch.randn(1 << 19), torch.randn(1 << 19)
+    first = kernels.sort(x)
+    freed = first.values.data_ptr()
+    del first
+    kept = kernels.sort(y)
+    assert kept.values.data_ptr() == freed  # the freed block, already faulted in
+    expected = kept.values.clone()
+    other = kernels.sort(x)
+    assert other.values.data_ptr() != kept.values.data_ptr()
+    assert torch.equal(kept.values, expected)
+    assert torch.equal(other.values, torch.sort(x).values)
+    # Storages stay resizable, keeping their contents.
+    kept.values.resize_(1 << 20)
+    assert torch.equal(kept.values[: 1 << 19], expected)
+
+
 def _sort_in_child(queue: multiprocessing.Queue) -> None:
     # numpy builds the data: torch's own OpenMP ops are not fork-safe after the parent used them.
-    x = torch.from_numpy(np.arange(100_000, 0, -1))
+    # 200,000 int64 values (1.6 MB) take the output cache's path, which a child bypasses.
+    x = torch.from_numpy(np.arange(200_000, 0, -1))
     values = kernels.sort(x).values.numpy()
-    queue.put(bool(np.array_equal(values, np.arange(1, 100_001))))
+    queue.put(bool(np.array_equal(values, np.arange(1, 200_001))))
 
 
 def test_sort_works_in_a_forked_child() -> None:
