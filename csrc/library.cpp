@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "simd.h"
 #include "tile_engine.h"
 
 namespace poptorch_sim {
@@ -24,6 +25,12 @@ int64_t engine_num_tiles() { return engine::num_tiles(); }
 
 int64_t engine_set_num_tiles(int64_t tiles) { return engine::set_num_tiles(tiles); }
 
+std::string engine_simd_level() { return simd::name(simd::level()); }
+
+std::string engine_supported_simd_level() { return simd::name(simd::supported()); }
+
+std::string engine_set_simd_level(std::string level) { return simd::set_level(level); }
+
 }  // namespace
 }  // namespace poptorch_sim
 
@@ -41,4 +48,7 @@ TORCH_LIBRARY(poptorch_sim, m) {
   m.def("engine_reset_counters() -> ()", &poptorch_sim::engine_reset_counters);
   m.def("engine_num_tiles() -> int", &poptorch_sim::engine_num_tiles);
   m.def("engine_set_num_tiles(int tiles) -> int", &poptorch_sim::engine_set_num_tiles);
+  m.def("engine_simd_level() -> str", &poptorch_sim::engine_simd_level);
+  m.def("engine_supported_simd_level() -> str", &poptorch_sim::engine_supported_simd_level);
+  m.def("engine_set_simd_level(str level) -> str", &poptorch_sim::engine_set_simd_level);
 }

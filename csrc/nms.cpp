@@ -17,6 +17,7 @@
 
 #include <torch/library.h>
 
+#include "simd.h"
 #include "sort.h"
 
 namespace poptorch_sim {
@@ -53,7 +54,7 @@ struct Columns {
 
 // suppressed[j] |= IoU(keeper, box j) > threshold for j in [lo, hi), torchvision's arithmetic.
 template <typename T>
-__attribute__((target_clones("avx2", "default"))) void suppress_range(
+inline __attribute__((always_inline)) void suppress_range_body(
     const Columns<T>& c, int64_t keeper, T threshold, uint8_t* suppressed, int64_t lo,
     int64_t hi) {
   const T kx1 = c.x1[keeper], ky1 = c.y1[keeper], kx2 = c.x2[keeper], ky2 = c.y2[keeper];
@@ -75,6 +76,35 @@ __attribute__((target_clones("avx2", "default"))) void suppress_range(
     const T inter = w * h;
     const T ovr = inter / (karea + area[j] - inter);
     suppressed[j] |= static_cast<uint8_t>(ovr > threshold);
+  }
+}
+
+template <typename T>
+POPSIM_AVX512 void suppress_range_avx512(
+    const Columns<T>& c, int64_t keeper, T threshold, uint8_t* suppressed, int64_t lo,
+    int64_t hi) {
+  suppress_range_body(c, keeper, threshold, suppressed, lo, hi);
+}
+
+template <typename T>
+POPSIM_AVX2 void suppress_range_avx2(
+    const Columns<T>& c, int64_t keeper, T threshold, uint8_t* suppressed, int64_t lo,
+    int64_t hi) {
+  suppress_range_body(c, keeper, threshold, suppressed, lo, hi);
+}
+
+// suppress_range_body compiled for the SIMD level (see [Note: SIMD variants]).
+template <typename T>
+void suppress_range(
+    const Columns<T>& c, int64_t keeper, T threshold, uint8_t* suppressed, int64_t lo,
+    int64_t hi) {
+  switch (simd::level()) {
+    case simd::Level::kAvx512:
+      return suppress_range_avx512(c, keeper, threshold, suppressed, lo, hi);
+    case simd::Level::kAvx2:
+      return suppress_range_avx2(c, keeper, threshold, suppressed, lo, hi);
+    default:
+      return suppress_range_body(c, keeper, threshold, suppressed, lo, hi);
   }
 }
 

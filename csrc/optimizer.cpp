@@ -6,6 +6,7 @@
 // `p.grad /= loss_scaling; clip_grad_norm_(...); opt.step()` would; the element formulas and
 // their operation order follow torch/optim/*.py (`foreach=False`). See [Note: optimizer tiles].
 #include "optimizer.h"
+#include "simd.h"
 #include "tile_engine.h"
 
 #include <ATen/Parallel.h>
@@ -39,7 +40,7 @@ struct SqrtBase {
 };
 
 struct SqrtAvx2 {
-  __attribute__((target("avx2"))) static void run(float* x, int64_t n) {
+  POPSIM_AVX2 static void run(float* x, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
       _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
@@ -50,28 +51,40 @@ struct SqrtAvx2 {
   }
 };
 
-// Defines NAME(h, v) that runs NAME##_body compiled for AVX2 or for the baseline ISA, each with
-// the gradient unscaled by a division or by an exact reciprocal (see GradPrep).
+struct SqrtAvx512 {
+  POPSIM_AVX512 static void run(float* x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      _mm512_storeu_ps(x + i, _mm512_sqrt_ps(_mm512_loadu_ps(x + i)));
+    }
+    for (; i < n; ++i) {
+      _mm_store_ss(x + i, _mm_sqrt_ss(_mm_load_ss(x + i)));
+    }
+  }
+};
+
+// Defines NAME(h, v) that runs NAME##_body compiled for the SIMD level (see [Note: SIMD
+// variants]), with the gradient unscaled by a division or by an exact reciprocal (see GradPrep).
+#define POPSIM_SIMD_VARIANT(NAME, HYPER, SUFFIX, ATTRIBUTE, SQRT)                       \
+  ATTRIBUTE void NAME##SUFFIX(const HYPER& h, const TileView& v) {                      \
+    if (h.gp.by_inverse) {                                                              \
+      NAME##_body<SQRT, true>(h, v);                                                    \
+    } else {                                                                            \
+      NAME##_body<SQRT, false>(h, v);                                                   \
+    }                                                                                   \
+  }
 #define POPSIM_SIMD_DISPATCH(NAME, HYPER)                                               \
-  __attribute__((target("avx2,fma"))) void NAME##_avx2(const HYPER& h, const TileView& v) { \
-    if (h.gp.by_inverse) {                                                              \
-      NAME##_body<SqrtAvx2, true>(h, v);                                                \
-    } else {                                                                            \
-      NAME##_body<SqrtAvx2, false>(h, v);                                               \
-    }                                                                                   \
-  }                                                                                     \
-  void NAME##_base(const HYPER& h, const TileView& v) {                                 \
-    if (h.gp.by_inverse) {                                                              \
-      NAME##_body<SqrtBase, true>(h, v);                                                \
-    } else {                                                                            \
-      NAME##_body<SqrtBase, false>(h, v);                                               \
-    }                                                                                   \
-  }                                                                                     \
+  POPSIM_SIMD_VARIANT(NAME, HYPER, _avx512, POPSIM_AVX512, SqrtAvx512)                  \
+  POPSIM_SIMD_VARIANT(NAME, HYPER, _avx2, POPSIM_AVX2, SqrtAvx2)                        \
+  POPSIM_SIMD_VARIANT(NAME, HYPER, _base, , SqrtBase)                                   \
   void NAME(const HYPER& h, const TileView& v) {                                        \
-    if (use_avx2()) {                                                                   \
-      NAME##_avx2(h, v);                                                                \
-    } else {                                                                            \
-      NAME##_base(h, v);                                                                \
+    switch (simd::level()) {                                                            \
+      case simd::Level::kAvx512:                                                        \
+        return NAME##_avx512(h, v);                                                     \
+      case simd::Level::kAvx2:                                                          \
+        return NAME##_avx2(h, v);                                                       \
+      default:                                                                          \
+        return NAME##_base(h, v);                                                       \
     }                                                                                   \
   }
 
@@ -301,9 +314,10 @@ POPSIM_INLINE double sum_squares_body(const float* x, int64_t n) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-__attribute__((target("avx2"))) double sum_squares_avx2(const float* x, int64_t n) {
+POPSIM_AVX512 double sum_squares_avx512(const float* x, int64_t n) {
   return sum_squares_body(x, n);
 }
+POPSIM_AVX2 double sum_squares_avx2(const float* x, int64_t n) { return sum_squares_body(x, n); }
 double sum_squares_base(const float* x, int64_t n) { return sum_squares_body(x, n); }
 
 // ---------------------------------------------------------------- operands and checks
@@ -515,14 +529,13 @@ std::pair<double, double> lamb_moments(
     const ParamOperands& ops, LambHyper h, int64_t chunk_elements) {
   const int64_t tiles = (ops.param.numel() + kTile - 1) / kTile;
   std::vector<double> w_sq(tiles, 0.0), r_sq(tiles, 0.0);
-  const bool avx2 = use_avx2();
   for_each_tile(ops, chunk_elements, true, [&](const TileView& v) {
     float r[kTile];
     LambHyper local = h;
     local.r_out = r;
     lamb_tile(local, v);
-    w_sq[v.index] = avx2 ? sum_squares_avx2(v.param, v.len) : sum_squares_base(v.param, v.len);
-    r_sq[v.index] = avx2 ? sum_squares_avx2(r, v.len) : sum_squares_base(r, v.len);
+    w_sq[v.index] = sum_squares(v.param, v.len);
+    r_sq[v.index] = sum_squares(r, v.len);
   });
   double w_total = 0.0, r_total = 0.0;
   for (int64_t t = 0; t < tiles; ++t) {
@@ -595,7 +608,6 @@ std::vector<double> increment_steps(at::TensorList steps) {
 at::Tensor grad_norm(at::TensorList grads, double loss_scaling) {
   TORCH_CHECK(loss_scaling > 0.0, "loss_scaling must be > 0, got ", loss_scaling);
   const float ls = static_cast<float>(loss_scaling);
-  const bool avx2 = use_avx2();
   double total = 0.0;
   for (size_t i = 0; i < grads.size(); ++i) {
     const at::Tensor& g = grads[i];
@@ -613,7 +625,7 @@ at::Tensor grad_norm(at::TensorList grads, double loss_scaling) {
         for (int64_t j = 0; j < len; ++j) {
           tmp[j] = x[lo + j] / ls;
         }
-        partial[t] = avx2 ? sum_squares_avx2(tmp, len) : sum_squares_base(tmp, len);
+        partial[t] = sum_squares(tmp, len);
       }
     });
     for (double d : partial) {
@@ -623,14 +635,15 @@ at::Tensor grad_norm(at::TensorList grads, double loss_scaling) {
   return at::scalar_tensor(static_cast<float>(std::sqrt(total)), at::kFloat);
 }
 
-bool use_avx2() {
-  static const bool supported =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return supported;
-}
-
 double sum_squares(const float* x, int64_t n) {
-  return use_avx2() ? sum_squares_avx2(x, n) : sum_squares_base(x, n);
+  switch (simd::level()) {
+    case simd::Level::kAvx512:
+      return sum_squares_avx512(x, n);
+    case simd::Level::kAvx2:
+      return sum_squares_avx2(x, n);
+    default:
+      return sum_squares_base(x, n);
+  }
 }
 
 }  // namespace optim

@@ -11,8 +11,8 @@
 // call together (a unit may span several small parameters), so a step over thousands of
 // small parameters costs one parallel loop, not one per parameter.
 //
-// The element loops are plain C++ compiled twice: once for the baseline ISA and once with
-// __attribute__((target("avx2,fma"))), picked at run time (one variant per machine). Where
+// The element loops are plain C++ compiled once per SIMD level (see [Note: SIMD variants] in
+// simd.h), picked at run time. Where
 // ATen's vectorised kernels fuse a multiply-add (`add(x, y, alpha)`, `lerp`) the loops call
 // fmaf explicitly, so the numbers follow torch.optim's closely; a variant is deterministic
 // per element, independent of the element's position in a tile or chunk.
@@ -111,8 +111,6 @@ void lamb_step(
 // Adds 1 to each one-element `steps` tensor in place; returns the new values.
 std::vector<double> increment_steps(at::TensorList steps);
 
-// True when the AVX2 variants of the element loops can run on this CPU.
-bool use_avx2();
 
 }  // namespace optim
 }  // namespace poptorch_sim

@@ -333,11 +333,6 @@ void sort_groups(
 
 }  // namespace
 
-bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
-
 // See [Note: scatter sort] in scatter_sort.h for the steps.
 bool scatter_sort_row(
     int64_t n, int64_t tiles, KernelScope& scope, uint64_t* items, const KeyChunk& keys,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "simd.h"
 #include "sort.h"
 
 namespace poptorch_sim {
@@ -61,23 +62,23 @@ inline __attribute__((always_inline)) uint32_t make_keys(
   return diff;
 }
 
-// The same loops compiled for AVX2, taken when the CPU has it (see cpu_has_avx2).
-template <typename Codec, typename scalar_t>
-__attribute__((target("avx2"))) void write_items_avx2(
-    const uint64_t* items, int64_t count, const scalar_t* in, uint32_t flip, bool gather,
-    scalar_t* values, int64_t* indices) {
-  write_items<Codec>(items, count, in, flip, gather, values, indices);
-}
-
-template <typename Codec, typename scalar_t>
-__attribute__((target("avx2"))) uint32_t make_keys_avx2(
-    const scalar_t* in, int64_t count, uint32_t flip, uint32_t reference, uint32_t* keys,
-    uint32_t& flags) {
-  return make_keys<Codec>(in, count, flip, reference, keys, flags);
-}
-
-// Whether this CPU runs AVX2 code (asked once).
-bool cpu_has_avx2();
+// The same loops compiled for each SIMD level (see [Note: SIMD variants] in simd.h).
+#define POPSIM_SORT_LOOPS(SUFFIX, ATTRIBUTE)                                                  \
+  template <typename Codec, typename scalar_t>                                                \
+  ATTRIBUTE void write_items##SUFFIX(                                                         \
+      const uint64_t* items, int64_t count, const scalar_t* in, uint32_t flip, bool gather,   \
+      scalar_t* values, int64_t* indices) {                                                   \
+    write_items<Codec>(items, count, in, flip, gather, values, indices);                      \
+  }                                                                                           \
+  template <typename Codec, typename scalar_t>                                                \
+  ATTRIBUTE uint32_t make_keys##SUFFIX(                                                       \
+      const scalar_t* in, int64_t count, uint32_t flip, uint32_t reference, uint32_t* keys,   \
+      uint32_t& flags) {                                                                      \
+    return make_keys<Codec>(in, count, flip, reference, keys, flags);                         \
+  }
+POPSIM_SORT_LOOPS(_avx512, POPSIM_AVX512)
+POPSIM_SORT_LOOPS(_avx2, POPSIM_AVX2)
+#undef POPSIM_SORT_LOOPS
 
 // The scatter sort of one row of packed items, writing values (unless null) and indices.
 template <typename Codec, typename scalar_t>
@@ -87,12 +88,20 @@ bool scatter_sort_into(
   std::atomic<uint32_t> flags{0};
   uint32_t unused = 0;
   const uint32_t reference = Codec::key(in[0], unused) ^ flip;
-  const bool avx2 = cpu_has_avx2();
+  const simd::Level level = simd::level();
   const KeyChunk keys = [&](int64_t lo, int64_t hi, uint32_t* out) {
     uint32_t local = 0;
-    const uint32_t diff =
-        avx2 ? make_keys_avx2<Codec>(in + lo, hi - lo, flip, reference, out, local)
-             : make_keys<Codec>(in + lo, hi - lo, flip, reference, out, local);
+    uint32_t diff;
+    switch (level) {
+      case simd::Level::kAvx512:
+        diff = make_keys_avx512<Codec>(in + lo, hi - lo, flip, reference, out, local);
+        break;
+      case simd::Level::kAvx2:
+        diff = make_keys_avx2<Codec>(in + lo, hi - lo, flip, reference, out, local);
+        break;
+      default:
+        diff = make_keys<Codec>(in + lo, hi - lo, flip, reference, out, local);
+    }
     if (local != 0) {
       flags.fetch_or(local, std::memory_order_relaxed);
     }
@@ -101,10 +110,13 @@ bool scatter_sort_into(
   const Emit emit = [&](const uint64_t* sorted, int64_t count, int64_t pos) {
     const bool gather = flags.load(std::memory_order_relaxed) != 0;
     scalar_t* out = values ? values + pos : nullptr;
-    if (avx2) {
-      write_items_avx2<Codec>(sorted, count, in, flip, gather, out, indices + pos);
-    } else {
-      write_items<Codec>(sorted, count, in, flip, gather, out, indices + pos);
+    switch (level) {
+      case simd::Level::kAvx512:
+        return write_items_avx512<Codec>(sorted, count, in, flip, gather, out, indices + pos);
+      case simd::Level::kAvx2:
+        return write_items_avx2<Codec>(sorted, count, in, flip, gather, out, indices + pos);
+      default:
+        return write_items<Codec>(sorted, count, in, flip, gather, out, indices + pos);
     }
   };
   return scatter_sort_row(n, tiles, scope, items, keys, emit);

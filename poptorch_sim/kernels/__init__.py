@@ -9,7 +9,18 @@ updates and off-chip state streaming: :mod:`.optim`.
 from __future__ import annotations
 
 from . import engine, generic
-from .engine import KernelCounters, counters, num_tiles, reset_counters, set_num_tiles, tiles
+from .engine import (
+    KernelCounters,
+    counters,
+    num_tiles,
+    reset_counters,
+    set_num_tiles,
+    set_simd_level,
+    simd,
+    simd_level,
+    supported_simd_level,
+    tiles,
+)
 from .sorting import argsort, batched_nms, nms, sort, topk
 
 generic.register("cuda")
@@ -25,7 +36,11 @@ __all__ = [
     "num_tiles",
     "reset_counters",
     "set_num_tiles",
+    "set_simd_level",
+    "simd",
+    "simd_level",
     "sort",
+    "supported_simd_level",
     "tiles",
     "topk",
 ]

@@ -27,8 +27,14 @@ __all__ = [
     "num_tiles",
     "reset_counters",
     "set_num_tiles",
+    "set_simd_level",
+    "simd",
+    "simd_level",
+    "supported_simd_level",
     "tiles",
 ]
+
+SIMD_LEVELS = ("base", "avx2", "avx512")
 
 
 def load_library() -> None:
@@ -126,6 +132,51 @@ def tiles(count: int) -> Iterator[None]:
         yield
     finally:
         set_num_tiles(previous)
+
+
+def simd_level() -> str:
+    """Returns the SIMD variant the C++ loops run now: ``base``, ``avx2`` or ``avx512``.
+
+    The default is the best this CPU supports, capped by the environment variable
+    ``POPTORCH_SIM_SIMD``; every variant gives the same bits (``[Note: SIMD variants]``).
+    """
+    return str(torch.ops.poptorch_sim.engine_simd_level())
+
+
+def supported_simd_level() -> str:
+    """Returns the best SIMD variant this CPU can run."""
+    return str(torch.ops.poptorch_sim.engine_supported_simd_level())
+
+
+def set_simd_level(level: str) -> str:
+    """Caps the SIMD variant at ``level``, clamped to what this CPU supports.
+
+    Args:
+        level: ``base``, ``avx2`` or ``avx512``.
+
+    Returns:
+        The previous level.
+
+    Raises:
+        ValueError: ``level`` is not one of those names.
+    """
+    if level not in SIMD_LEVELS:
+        raise ValueError(f"unknown SIMD level {level!r}; use one of {', '.join(SIMD_LEVELS)}")
+    return str(torch.ops.poptorch_sim.engine_set_simd_level(level))
+
+
+@contextmanager
+def simd(level: str) -> Iterator[None]:
+    """Runs the enclosed kernels with the SIMD variant capped at ``level``, then restores it.
+
+    >>> with simd("base"):  # the loops a CPU without AVX2 runs
+    ...     values, indices = torch.ops.poptorch_sim.sort(torch.randn(10_000))
+    """
+    previous = set_simd_level(level)
+    try:
+        yield
+    finally:
+        set_simd_level(previous)
 
 
 load_library()
