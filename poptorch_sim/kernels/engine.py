@@ -14,9 +14,9 @@ supersteps of per-tile compute followed by an exchange, and counts per kernel na
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, NamedTuple
 
 import torch
 
@@ -118,7 +118,16 @@ def set_num_tiles(count: int) -> int:
 
 
 @contextmanager
-def tiles(count: int) -> Iterator[None]:
+def _setting(setter: Callable[[Any], Any], value: Any) -> Iterator[None]:
+    """Calls ``setter(value)`` for the enclosed block, then puts back what it returned."""
+    previous = setter(value)
+    try:
+        yield
+    finally:
+        setter(previous)
+
+
+def tiles(count: int) -> AbstractContextManager[None]:
     """Runs the enclosed kernels over ``count`` simulated tiles, then restores the setting.
 
     Args:
@@ -127,11 +136,7 @@ def tiles(count: int) -> Iterator[None]:
     >>> with tiles(1472):  # one Mk2 IPU's worth of tiles
     ...     values, indices = torch.ops.poptorch_sim.sort(torch.randn(10_000))
     """
-    previous = set_num_tiles(count)
-    try:
-        yield
-    finally:
-        set_num_tiles(previous)
+    return _setting(set_num_tiles, count)
 
 
 def simd_level() -> str:
@@ -165,18 +170,13 @@ def set_simd_level(level: str) -> str:
     return str(torch.ops.poptorch_sim.engine_set_simd_level(level))
 
 
-@contextmanager
-def simd(level: str) -> Iterator[None]:
+def simd(level: str) -> AbstractContextManager[None]:
     """Runs the enclosed kernels with the SIMD variant capped at ``level``, then restores it.
 
     >>> with simd("base"):  # the loops a CPU without AVX2 runs
     ...     values, indices = torch.ops.poptorch_sim.sort(torch.randn(10_000))
     """
-    previous = set_simd_level(level)
-    try:
-        yield
-    finally:
-        set_simd_level(previous)
+    return _setting(set_simd_level, level)
 
 
 load_library()
