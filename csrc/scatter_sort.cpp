@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <cstdlib>
 #include <vector>
 
 #include "scatter_sort.h"
@@ -114,8 +113,9 @@ std::vector<uint32_t> stream_cursors(
 // Each place also asks for the cache line after it, in that group: a group's next line is then
 // on its way long before its first store. Without this, when the scatter's destination is not
 // in the cache (after torch.sort or any big job), every eighth store per group waits for a line
-// from memory; the prefetch cut the whole sort from 5.0–6.0 to 4.7–4.9 ms there (medians of 11,
-// three interleaved runs, /tmp/s3/diag3.py; unchanged when warm).
+// from memory. Measured on 2^20 floats, each call right after a torch.sort of the same size, in
+// three runs alternating builds with and without it: medians of 11 calls 5.0–6.0 ms without,
+// 4.7–4.9 ms with; unchanged when the sort's memory is still cached.
 constexpr int64_t kScatterBlock = 256;
 constexpr int64_t kLineItems = 64 / sizeof(uint64_t);
 
@@ -126,19 +126,10 @@ inline void two_step_scatter(
   uint32_t place[kScatterBlock];
   for (int64_t lo = 0; lo < count; lo += kScatterBlock) {
     const int64_t block = std::min(kScatterBlock, count - lo);
-    static const int pf = getenv("PSIM_PF") ? atoi(getenv("PSIM_PF")) : 0;
-    if (pf) {
-    for (int64_t j = 0; j < block; ++j) {
-      const uint32_t p = cursor[digit(lo + j)]++;
-      place[j] = p;
-      __builtin_prefetch(dst + p + pf, 1, 3);
-    }
-    } else {
     for (int64_t j = 0; j < block; ++j) {
       const uint32_t p = cursor[digit(lo + j)]++;
       place[j] = p;
       __builtin_prefetch(dst + p + kLineItems, 1);  // the group's next line, for writing
-    }
     }
     for (int64_t j = 0; j < block; ++j) {
       dst[place[j]] = make(lo + j);
