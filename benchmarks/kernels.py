@@ -201,7 +201,17 @@ def print_table(rows: list[Row]) -> None:
 def main(argv: list[str] | None = None) -> list[Row]:
     """Runs every section and prints the table; returns its rows."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sections = {
+        "sort": sort_rows,
+        "topk": topk_rows,
+        "nms": nms_rows,
+        "retinanet": retinanet_rows,
+        "optim": optim_rows,
+    }
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    parser.add_argument(
+        "--only", choices=sorted(sections), action="append", help="run these sections only"
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     print(
@@ -210,8 +220,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     )
     kernels.reset_counters()
     rows = []
-    for section in (sort_rows, topk_rows, nms_rows, retinanet_rows, optim_rows):
-        rows += section(args.quick)
+    for name, section in sections.items():
+        if args.only is None or name in args.only:
+            rows += section(args.quick)
     print_table(rows)
     print("\ntile engine counters (all calls above):")
     for name, stats in sorted(kernels.counters().items()):
