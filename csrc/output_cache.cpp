@@ -17,6 +17,9 @@ namespace poptorch_sim {
 namespace {
 
 constexpr size_t kHugePage = size_t{1} << 21;
+constexpr size_t kPage = size_t{1} << 12;
+
+size_t granule(size_t bytes) { return bytes >= kHugeBlockMin ? kHugePage : kPage; }
 
 struct Block {
   void* data;
@@ -29,7 +32,7 @@ class OutputCache final : public c10::Allocator {
     if (n < kOutputCacheMin) {
       return c10::GetCPUAllocator()->allocate(n);
     }
-    const size_t rounded = (n + kHugePage - 1) / kHugePage * kHugePage;
+    const size_t rounded = block_size(n);
     Block* block = nullptr;
     if (getpid() == pid_) {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -43,9 +46,7 @@ class OutputCache final : public c10::Allocator {
       }
     }
     if (block == nullptr) {
-      size_t bytes = 0;
-      void* data = alloc_huge_block(n, &bytes);
-      block = new Block{data, bytes};
+      block = new Block{alloc_block(n), rounded};
     }
     return {block->data, block, &OutputCache::release, c10::Device(c10::DeviceType::CPU)};
   }
@@ -96,16 +97,23 @@ void OutputCache::release(void* context) {
 
 }  // namespace
 
-void* alloc_huge_block(size_t bytes, size_t* rounded) {
-  const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+size_t block_size(size_t bytes) {
+  const size_t unit = granule(bytes);
+  return (bytes + unit - 1) / unit * unit;
+}
+
+void* alloc_block(size_t bytes) {
+  const size_t unit = granule(bytes);
+  const size_t size = block_size(bytes);
   void* data = nullptr;
-  if (posix_memalign(&data, kHugePage, size) != 0) {
+  if (posix_memalign(&data, unit, size) != 0) {
     throw std::bad_alloc();
   }
 #ifdef MADV_HUGEPAGE
-  madvise(data, size, MADV_HUGEPAGE);  // a hint: fails harmlessly where THP is off
+  if (unit == kHugePage) {
+    madvise(data, size, MADV_HUGEPAGE);  // a hint: fails harmlessly where THP is off
+  }
 #endif
-  *rounded = size;
   return data;
 }
 

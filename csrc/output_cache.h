@@ -15,19 +15,24 @@ namespace poptorch_sim {
 // each call). A huge-page hint on the output's aligned interior left the unaligned ends.
 //
 // So large outputs come from a small cache, as CUDA tensors come from PyTorch's caching allocator:
-// blocks are 2 MiB-aligned, rounded up to whole 2 MiB pages with a huge-page hint, and go back to
-// the cache when their last tensor dies. The next output of the same rounded size reuses a block
-// that is already mapped. The cache keeps at most kOutputCacheBytes of idle blocks (the oldest go
+// blocks go back to the cache when their last tensor dies, and the next output of the same
+// rounded size reuses one that is already mapped. Blocks of at least kHugeBlockMin are 2 MiB-aligned
+// and rounded up to whole 2 MiB pages with a huge-page hint (scatters into them miss the TLB less;
+// at most 20% of the block is padding); smaller ones are rounded to 4 KiB pages. The cache keeps at most kOutputCacheBytes of idle blocks (the oldest go
 // first), and tensors smaller than kOutputCacheMin take PyTorch's own allocator. Storages stay
 // resizable. A forked child (DataLoader workers) bypasses the cache.
 constexpr size_t kOutputCacheMin = size_t{1} << 20;
 constexpr size_t kOutputCacheBytes = size_t{64} << 20;
+constexpr size_t kHugeBlockMin = size_t{8} << 20;
 
 // An empty contiguous CPU tensor; from the cache when it is at least kOutputCacheMin bytes.
 at::Tensor empty_output(at::IntArrayRef sizes, at::ScalarType dtype);
 
-// A fresh 2 MiB-aligned block of `bytes` rounded up to whole 2 MiB pages (the rounded size in
-// `*rounded`), with a huge-page hint. Release it with std::free. Throws std::bad_alloc.
-void* alloc_huge_block(size_t bytes, size_t* rounded);
+// The size of the block that holds `bytes` (see above).
+size_t block_size(size_t bytes);
+
+// A fresh page-aligned block of block_size(bytes) bytes, 2 MiB-aligned with a huge-page hint from
+// kHugeBlockMin up. Release it with std::free. Throws std::bad_alloc.
+void* alloc_block(size_t bytes);
 
 }  // namespace poptorch_sim

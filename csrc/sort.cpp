@@ -18,9 +18,9 @@ namespace sorting {
 namespace {
 
 // Per-thread scratch memory that outlives a call, so large sorts do not page-fault fresh
-// buffers every time. Slot 0 and 1 are the item buffer and its ping-pong partner. Buffers are
-// huge-page blocks (see [Note: output cache]): the scatter writes to hundreds of places at once,
-// which with 4 KiB pages would miss the TLB on nearly every item.
+// buffers every time. Slot 0 and 1 are the item buffer and its ping-pong partner. Large buffers
+// are huge-page blocks (see [Note: output cache]): the scatter writes to hundreds of places at
+// once, which with 4 KiB pages would miss the TLB on nearly every item.
 class Workspace {
  public:
   Workspace() = default;
@@ -30,11 +30,10 @@ class Workspace {
 
   void* reserve(size_t bytes) {
     if (bytes > capacity_) {
-      size_t rounded = 0;
-      void* fresh = alloc_huge_block(bytes, &rounded);
+      void* fresh = alloc_block(bytes);
       std::free(data_);
       data_ = fresh;
-      capacity_ = rounded;
+      capacity_ = block_size(bytes);
     }
     return data_;
   }
