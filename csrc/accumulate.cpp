@@ -35,17 +35,6 @@ POPSIM_AVX2 void axpy_avx2(float* acc, const float* g, float s, int64_t n) {
 }
 void axpy_base(float* acc, const float* g, float s, int64_t n) { axpy_body(acc, g, s, n); }
 
-// axpy compiled for the SIMD level (see [Note: SIMD variants]).
-void axpy(simd::Level level, float* acc, const float* g, float s, int64_t n) {
-  switch (level) {
-    case simd::Level::kAvx512:
-      return axpy_avx512(acc, g, s, n);
-    case simd::Level::kAvx2:
-      return axpy_avx2(acc, g, s, n);
-    default:
-      return axpy_base(acc, g, s, n);
-  }
-}
 
 template <typename T>
 void to_float(const T* src, float* dst, int64_t n) {
@@ -109,7 +98,7 @@ void accumulate_into(at::Tensor& accum, const at::Tensor& grad_in, double scale)
   scope.add_supersteps(1);
   scope.add_flops(2 * n);
   const float s = static_cast<float>(scale);
-  const simd::Level level = simd::level();
+  const auto axpy = simd::pick(simd::level(), &axpy_avx512, &axpy_avx2, &axpy_base);
   const int64_t tiles = (n + kTile - 1) / kTile;
   at::parallel_for(0, tiles, 64, [&](int64_t tb, int64_t te) {
     float abuf[kTile], gbuf[kTile];
@@ -118,7 +107,7 @@ void accumulate_into(at::Tensor& accum, const at::Tensor& grad_in, double scale)
       const int64_t len = std::min(kTile, n - lo);
       float* a = view_tile(accum, lo, len, abuf);
       const float* g = view_tile(grad, lo, len, gbuf);
-      axpy(level, a, g, s, len);
+      axpy(a, g, s, len);
       store_tile(accum, lo, len, abuf);
     }
   });

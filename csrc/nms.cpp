@@ -93,19 +93,20 @@ POPSIM_AVX2 void suppress_range_avx2(
   suppress_range_body(c, keeper, threshold, suppressed, lo, hi);
 }
 
+template <typename T>
+void suppress_range_base(
+    const Columns<T>& c, int64_t keeper, T threshold, uint8_t* suppressed, int64_t lo,
+    int64_t hi) {
+  suppress_range_body(c, keeper, threshold, suppressed, lo, hi);
+}
+
 // suppress_range_body compiled for the SIMD level (see [Note: SIMD variants]).
 template <typename T>
 void suppress_range(
     const Columns<T>& c, int64_t keeper, T threshold, uint8_t* suppressed, int64_t lo,
     int64_t hi) {
-  switch (simd::level()) {
-    case simd::Level::kAvx512:
-      return suppress_range_avx512(c, keeper, threshold, suppressed, lo, hi);
-    case simd::Level::kAvx2:
-      return suppress_range_avx2(c, keeper, threshold, suppressed, lo, hi);
-    default:
-      return suppress_range_body(c, keeper, threshold, suppressed, lo, hi);
-  }
+  simd::pick(simd::level(), &suppress_range_avx512<T>, &suppress_range_avx2<T>,
+             &suppress_range_base<T>)(c, keeper, threshold, suppressed, lo, hi);
 }
 
 // Greedy NMS over score-ordered columns; returns kept positions (into the columns), in order.

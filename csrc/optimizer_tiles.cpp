@@ -68,14 +68,7 @@ struct SqrtAvx512 {
   POPSIM_SIMD_VARIANT(NAME, HYPER, _avx2, POPSIM_AVX2, SqrtAvx2)                        \
   POPSIM_SIMD_VARIANT(NAME, HYPER, _base, , SqrtBase)                                   \
   void NAME(const HYPER& h, const TileView& v) {                                        \
-    switch (simd::level()) {                                                            \
-      case simd::Level::kAvx512:                                                        \
-        return NAME##_avx512(h, v);                                                     \
-      case simd::Level::kAvx2:                                                          \
-        return NAME##_avx2(h, v);                                                       \
-      default:                                                                          \
-        return NAME##_base(h, v);                                                       \
-    }                                                                                   \
+    simd::pick(simd::level(), &NAME##_avx512, &NAME##_avx2, &NAME##_base)(h, v);          \
   }
 
 template <bool kByInverse>
@@ -294,14 +287,8 @@ double sum_squares_base(const float* x, int64_t n) { return sum_squares_body(x, 
 }  // namespace
 
 double sum_squares(const float* x, int64_t n) {
-  switch (simd::level()) {
-    case simd::Level::kAvx512:
-      return sum_squares_avx512(x, n);
-    case simd::Level::kAvx2:
-      return sum_squares_avx2(x, n);
-    default:
-      return sum_squares_base(x, n);
-  }
+  return simd::pick(simd::level(), &sum_squares_avx512, &sum_squares_avx2,
+                    &sum_squares_base)(x, n);
 }
 
 }  // namespace optim

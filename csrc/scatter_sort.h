@@ -78,6 +78,7 @@ inline __attribute__((always_inline)) uint32_t make_keys(
   }
 POPSIM_SORT_LOOPS(_avx512, POPSIM_AVX512)
 POPSIM_SORT_LOOPS(_avx2, POPSIM_AVX2)
+POPSIM_SORT_LOOPS(_base, )
 #undef POPSIM_SORT_LOOPS
 
 // The scatter sort of one row of packed items, writing values (unless null) and indices.
@@ -89,19 +90,15 @@ bool scatter_sort_into(
   uint32_t unused = 0;
   const uint32_t reference = Codec::key(in[0], unused) ^ flip;
   const simd::Level level = simd::level();
+  const auto make_keys_variant = simd::pick(level, &make_keys_avx512<Codec, scalar_t>,
+                                            &make_keys_avx2<Codec, scalar_t>,
+                                            &make_keys_base<Codec, scalar_t>);
+  const auto write_items_variant = simd::pick(level, &write_items_avx512<Codec, scalar_t>,
+                                              &write_items_avx2<Codec, scalar_t>,
+                                              &write_items_base<Codec, scalar_t>);
   const KeyChunk keys = [&](int64_t lo, int64_t hi, uint32_t* out) {
     uint32_t local = 0;
-    uint32_t diff;
-    switch (level) {
-      case simd::Level::kAvx512:
-        diff = make_keys_avx512<Codec>(in + lo, hi - lo, flip, reference, out, local);
-        break;
-      case simd::Level::kAvx2:
-        diff = make_keys_avx2<Codec>(in + lo, hi - lo, flip, reference, out, local);
-        break;
-      default:
-        diff = make_keys<Codec>(in + lo, hi - lo, flip, reference, out, local);
-    }
+    const uint32_t diff = make_keys_variant(in + lo, hi - lo, flip, reference, out, local);
     if (local != 0) {
       flags.fetch_or(local, std::memory_order_relaxed);
     }
@@ -110,14 +107,7 @@ bool scatter_sort_into(
   const Emit emit = [&](const uint64_t* sorted, int64_t count, int64_t pos) {
     const bool gather = flags.load(std::memory_order_relaxed) != 0;
     scalar_t* out = values ? values + pos : nullptr;
-    switch (level) {
-      case simd::Level::kAvx512:
-        return write_items_avx512<Codec>(sorted, count, in, flip, gather, out, indices + pos);
-      case simd::Level::kAvx2:
-        return write_items_avx2<Codec>(sorted, count, in, flip, gather, out, indices + pos);
-      default:
-        return write_items<Codec>(sorted, count, in, flip, gather, out, indices + pos);
-    }
+    write_items_variant(sorted, count, in, flip, gather, out, indices + pos);
   };
   return scatter_sort_row(n, tiles, scope, items, keys, emit);
 }

@@ -32,5 +32,19 @@ std::string set_level(const std::string& name);
 
 const char* name(Level level);
 
+// The variant for `level` among a function's three compilations:
+// pick(level(), f_avx512, f_avx2, f_base)(args...).
+template <typename F>
+F pick(Level level, F avx512, F avx2, F base) {
+  switch (level) {
+    case Level::kAvx512:
+      return avx512;
+    case Level::kAvx2:
+      return avx2;
+    default:
+      return base;
+  }
+}
+
 }  // namespace simd
 }  // namespace poptorch_sim
