@@ -68,7 +68,7 @@ struct SqrtAvx512 {
   POPSIM_SIMD_VARIANT(NAME, HYPER, _avx2, POPSIM_AVX2, SqrtAvx2)                        \
   POPSIM_SIMD_VARIANT(NAME, HYPER, _base, , SqrtBase)                                   \
   void NAME(const HYPER& h, const TileView& v) {                                        \
-    simd::pick(simd::level(), &NAME##_avx512, &NAME##_avx2, &NAME##_base)(h, v);          \
+    simd::pick(simd::level(), &NAME##_avx512, &NAME##_avx2, &NAME##_base)(h, v);        \
   }
 
 template <bool kByInverse>

@@ -14,13 +14,14 @@ namespace poptorch_sim {
 // faults: 2.5 ms on this project's VMs, more than half of the sort (getrusage's ru_minflt around
 // each call). A huge-page hint on the output's aligned interior left the unaligned ends.
 //
-// So large outputs come from a small cache, as CUDA tensors come from PyTorch's caching allocator:
-// blocks go back to the cache when their last tensor dies, and the next output of the same
-// rounded size reuses one that is already mapped. Blocks of at least kHugeBlockMin are 2 MiB-aligned
-// and rounded up to whole 2 MiB pages with a huge-page hint (scatters into them miss the TLB less;
-// at most 20% of the block is padding); smaller ones are rounded to 4 KiB pages. The cache keeps at most kOutputCacheBytes of idle blocks (the oldest go
-// first), and tensors smaller than kOutputCacheMin take PyTorch's own allocator. Storages stay
-// resizable. A forked child (DataLoader workers) bypasses the cache.
+// So large outputs come from a small cache, as CUDA tensors come from PyTorch's caching
+// allocator: blocks go back to the cache when their last tensor dies, and the next output of the
+// same rounded size reuses one that is already mapped. Blocks of at least kHugeBlockMin are
+// 2 MiB-aligned and rounded up to whole 2 MiB pages with a huge-page hint (scatters into them miss
+// the TLB less; at most 20% of the block is padding); smaller ones are rounded to 4 KiB pages.
+// The cache keeps at most kOutputCacheBytes of idle blocks (the oldest go first), and tensors
+// smaller than kOutputCacheMin take PyTorch's own allocator. Storages stay resizable. A forked
+// child (DataLoader workers) bypasses the cache.
 constexpr size_t kOutputCacheMin = size_t{1} << 20;
 constexpr size_t kOutputCacheBytes = size_t{64} << 20;
 constexpr size_t kHugeBlockMin = size_t{8} << 20;
