@@ -10,13 +10,28 @@ from __future__ import annotations
 
 from .algorithms import PackGroup, pack_histogram, pack_lengths, packing_efficiency
 from .batch import IGNORE_INDEX, MODEL_INPUTS, PackedBatch, UnpackInfo, pack, unpack
+from .bert import (
+    PackedBertForQuestionAnswering,
+    PackedBertForSequenceClassification,
+    block_diagonal_mask,
+)
+from .dataset import PackedDataset
+from .runner import PackAlgorithm, PackRunner, PackRunnerConfig, PackRunnerStats
 
 __all__ = [
     "IGNORE_INDEX",
     "MODEL_INPUTS",
+    "PackAlgorithm",
     "PackGroup",
+    "PackRunner",
+    "PackRunnerConfig",
+    "PackRunnerStats",
     "PackedBatch",
+    "PackedBertForQuestionAnswering",
+    "PackedBertForSequenceClassification",
+    "PackedDataset",
     "UnpackInfo",
+    "block_diagonal_mask",
     "pack",
     "pack_histogram",
     "pack_lengths",

@@ -114,14 +114,17 @@ def pack_rows(
     max_seq_len: int,
     max_sequences_per_pack: int,
     sample_ids: Sequence[int] | None = None,
+    label_keys: Sequence[str] | None = None,
 ) -> PackedBatch:
     """Lay ``samples`` out in rows as ``packs`` says (indices into ``samples``).
 
-    ``sample_ids[i]`` is recorded as the id of ``samples[i]`` (default ``i``).
+    ``sample_ids[i]`` is recorded as the id of ``samples[i]`` (default ``i``); ``label_keys``
+    defaults to the samples' own (needed when there are none).
     """
     rows, length, slots = len(packs), max_seq_len, max_sequences_per_pack
     ids = list(range(len(samples))) if sample_ids is None else list(sample_ids)
-    label_keys = _label_keys(samples)
+    if label_keys is None:
+        label_keys = _label_keys(samples)
     out = {k: np.zeros((rows, length), dtype=np.int64) for k in MODEL_INPUTS}
     labels = {k: np.full((rows, slots), IGNORE_INDEX, dtype=np.int64) for k in label_keys}
     index = np.full((rows, slots), -1, dtype=np.int64)

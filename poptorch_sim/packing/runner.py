@@ -1,0 +1,330 @@
+"""Online packing: PopRT's PackRunner, batching single requests into packed model calls.
+
+[Note: PackRunner's batching thread]
+Any number of threads call ``execute_async(sample)``; each request goes into a bounded queue
+(a full queue blocks the caller: back-pressure) and gets a ``concurrent.futures.Future``. One
+batching thread takes the first waiting request, then keeps adding requests until the batch is
+full or ``timeout_microseconds`` has passed since that first request, runs the model once on
+the packed rows, and completes every request's future with its own unpacked outputs:
+
+    request queue ──► batching thread:  fill rows (first-fit / next-fit)
+                                        until max_valid_num requests, no room for the next
+                                        request, or the timeout ──► model(packed rows)
+                                        ──► unpack ──► future.set_result per request
+
+A batch is full when it holds ``max_valid_num`` requests or the next request fits no row; that
+request opens the next batch. Empty rows and slots are zero (PopRT pads zeros the same way).
+A failure of the model reaches every future of its batch; the thread carries on. ``close()``
+runs what is queued, then joins the thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .batch import MODEL_INPUTS, pack_rows, unpack
+
+__all__ = ["PackAlgorithm", "PackRunner", "PackRunnerConfig", "PackRunnerStats"]
+
+
+class PackAlgorithm:
+    """Row placement of online requests (PopRT's ``runtime.PackAlgorithm`` values)."""
+
+    first_fit = "first_fit"
+    next_fit = "next_fit"
+
+
+@dataclass(frozen=True)
+class PackRunnerConfig:
+    """How a ``PackRunner`` batches requests (PopRT's ``PackRunnerConfig`` plus our shape).
+
+    Attributes:
+        max_seq_len: tokens per packed row; also the longest request accepted.
+        batch_size: packed rows per model call.
+        max_sequences_per_pack: slots per row (``K``).
+        max_valid_num: most requests per model call (PopRT's name); default
+            ``batch_size × max_sequences_per_pack``.
+        timeout_microseconds: how long a batch waits for more requests after its first one
+            (PopRT's example default, 15000). 0 takes only what is already queued.
+        queue_size: requests that may wait; ``execute_async`` blocks while it is full.
+        algorithm: ``PackAlgorithm.first_fit`` or ``.next_fit``.
+    """
+
+    max_seq_len: int
+    batch_size: int = 1
+    max_sequences_per_pack: int = 8
+    max_valid_num: int | None = None
+    timeout_microseconds: int = 15000
+    queue_size: int = 1024
+    algorithm: str = PackAlgorithm.first_fit
+
+    def __post_init__(self) -> None:
+        for name in ("max_seq_len", "batch_size", "max_sequences_per_pack", "queue_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"PackRunnerConfig.{name} must be a positive int, got {value!r}")
+        if self.max_valid_num is not None and self.max_valid_num < 1:
+            raise ValueError(
+                f"PackRunnerConfig.max_valid_num must be >= 1, got {self.max_valid_num}"
+            )
+        if self.timeout_microseconds < 0:
+            raise ValueError(
+                f"PackRunnerConfig.timeout_microseconds must be >= 0, got {self.timeout_microseconds}"
+            )
+        if self.algorithm not in (PackAlgorithm.first_fit, PackAlgorithm.next_fit):
+            raise ValueError(
+                f"unknown PackRunnerConfig.algorithm {self.algorithm!r} (known: first_fit, next_fit)"
+            )
+
+    @property
+    def requests_per_batch(self) -> int:
+        """The most requests one model call carries."""
+        slots = self.batch_size * self.max_sequences_per_pack
+        return slots if self.max_valid_num is None else min(self.max_valid_num, slots)
+
+
+@dataclass(frozen=True)
+class PackRunnerStats:
+    """What a runner has done so far."""
+
+    batches: int
+    requests: int
+    tokens: int
+    max_seq_len: int
+    batch_size: int
+
+    @property
+    def fill(self) -> float:
+        """Fraction of the token slots of all model calls that held real tokens."""
+        slots = self.batches * self.batch_size * self.max_seq_len
+        return self.tokens / slots if slots else 0.0
+
+
+class _Request:
+    def __init__(self, sample: Mapping[str, Any], length: int) -> None:
+        self.sample = sample
+        self.length = length
+        self.future: Future[Any] = Future()
+
+
+_STOP = object()
+
+
+class _Batch:
+    """Requests placed into ``batch_size`` rows of ``max_seq_len`` tokens."""
+
+    def __init__(self, config: PackRunnerConfig) -> None:
+        self.config = config
+        self.rows: list[list[int]] = []
+        self.used: list[int] = []
+        self.requests: list[_Request] = []
+
+    @property
+    def full(self) -> bool:
+        return len(self.requests) >= self.config.requests_per_batch
+
+    def add(self, request: _Request) -> bool:
+        """Place ``request``; False when no row can take it."""
+        cfg = self.config
+        first = max(len(self.rows) - 1, 0) if cfg.algorithm == PackAlgorithm.next_fit else 0
+        for row in range(first, len(self.rows)):
+            fits = self.used[row] + request.length <= cfg.max_seq_len
+            if fits and len(self.rows[row]) < cfg.max_sequences_per_pack:
+                return self._place(row, request)
+        if len(self.rows) < cfg.batch_size:
+            self.rows.append([])
+            self.used.append(0)
+            return self._place(len(self.rows) - 1, request)
+        return False
+
+    def _place(self, row: int, request: _Request) -> bool:
+        self.rows[row].append(len(self.requests))
+        self.used[row] += request.length
+        self.requests.append(request)
+        return True
+
+
+class PackRunner:
+    """Runs single variable-length requests through a model on packed, fixed-shape batches.
+
+    Args:
+        model: called as ``model(input_ids, attention_mask, position_ids, token_type_ids)``
+            with ``[batch_size, max_seq_len]`` tensors (``packing.batch`` layout), e.g. an
+            ``inferenceModel`` of a ``PackedBertForSequenceClassification``. It returns a
+            tensor, or a tuple/dict of tensors, per token ``[B, L, ...]`` or per sequence
+            ``[B, K, ...]``.
+        config: the batching configuration.
+
+    Each future's result is that request's own slice of every output (``unpack``).
+    Use it as a context manager, or call ``close()``.
+
+    >>> with PackRunner(model, PackRunnerConfig(max_seq_len=256, batch_size=16)) as runner:  # doctest: +SKIP
+    ...     future = runner.execute_async({"input_ids": torch.tensor([101, 7592, 102])})
+    ...     logits = future.result()
+    """
+
+    def __init__(self, model: Callable[..., Any], config: PackRunnerConfig) -> None:
+        self.model = model
+        self.config = config
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_size)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._counts = [0, 0, 0]  # batches, requests, tokens
+        self._thread = threading.Thread(target=self._loop, name="PackRunner", daemon=True)
+        self._thread.start()
+
+    def execute_async(
+        self, sample: Mapping[str, Any], timeout: float | None = None
+    ) -> Future[Any]:
+        """Queue one request; its future completes with the request's unpacked outputs.
+
+        Args:
+            sample: ``input_ids`` (1-D, unpadded) and optionally ``token_type_ids``.
+            timeout: seconds to wait for room in a full queue (None: wait as long as needed).
+
+        Returns:
+            A ``concurrent.futures.Future``.
+
+        Raises:
+            ValueError: the request is empty or longer than ``max_seq_len``.
+            TimeoutError: the queue stayed full for ``timeout`` seconds.
+            RuntimeError: the runner is closed.
+        """
+        length = _request_length(sample)
+        if not 1 <= length <= self.config.max_seq_len:
+            raise ValueError(
+                f"request of {length} tokens does not fit PackRunner's max_seq_len="
+                f"{self.config.max_seq_len}: truncate or split it, or build the runner with a "
+                "larger max_seq_len"
+            )
+        request = _Request(sample, length)
+        # Checked and queued under one lock, so nothing can be queued behind close()'s stop.
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("PackRunner is closed: create a new runner to run requests")
+            try:
+                self._queue.put(request, timeout=timeout)
+            except queue.Full:
+                raise TimeoutError(
+                    f"PackRunner's queue stayed full ({self.config.queue_size} requests) for "
+                    f"{timeout} s: wait for results, or raise PackRunnerConfig.queue_size"
+                ) from None
+        return request.future
+
+    def execute(self, sample: Mapping[str, Any]) -> Any:
+        """Run one request and wait for its outputs (``execute_async(sample).result()``)."""
+        return self.execute_async(sample).result()
+
+    @property
+    def stats(self) -> PackRunnerStats:
+        """Batches, requests and tokens run so far."""
+        batches, requests, tokens = self._counts
+        cfg = self.config
+        return PackRunnerStats(batches, requests, tokens, cfg.max_seq_len, cfg.batch_size)
+
+    def close(self) -> None:
+        """Run every queued request, then stop and join the batching thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
+        self._thread.join()
+
+    def __enter__(self) -> PackRunner:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _loop(self) -> None:
+        held: _Request | None = None
+        stopping = False
+        while not (stopping and held is None):
+            first = held if held is not None else self._queue.get()
+            held = None
+            if first is _STOP:
+                break
+            batch = _Batch(self.config)
+            batch.add(first)
+            deadline = time.monotonic() + self.config.timeout_microseconds / 1e6
+            while not batch.full and not stopping:
+                item = self._next(deadline)
+                if item is None:
+                    break
+                if item is _STOP:
+                    stopping = True
+                elif not batch.add(item):
+                    held = item
+                    break
+            self._run(batch)
+
+    def _next(self, deadline: float) -> Any:
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                return self._queue.get_nowait()
+            return self._queue.get(timeout=remaining)
+        except queue.Empty:
+            return None
+
+    def _run(self, batch: _Batch) -> None:
+        live = [r.future.set_running_or_notify_cancel() for r in batch.requests]
+        try:
+            cfg = self.config
+            rows = batch.rows + [[]] * (cfg.batch_size - len(batch.rows))
+            packed = pack_rows(
+                [r.sample for r in batch.requests],
+                rows,
+                cfg.max_seq_len,
+                cfg.max_sequences_per_pack,
+                label_keys=(),
+            )
+            outputs = self.model(*(packed.inputs[k] for k in MODEL_INPUTS))
+            results = unpack(outputs, packed.info)
+        except BaseException as error:  # every waiting caller must hear of it
+            for request, ok in zip(batch.requests, live):
+                if ok:
+                    request.future.set_exception(error)
+            return
+        self._counts[0] += 1
+        self._counts[1] += len(batch.requests)
+        self._counts[2] += sum(r.length for r in batch.requests)
+        for i, (request, ok) in enumerate(zip(batch.requests, live)):
+            if ok:
+                request.future.set_result(_detach(results[i]))
+
+
+def _request_length(sample: Mapping[str, Any]) -> int:
+    """Tokens in a request, checked where the caller can see the error."""
+    if "input_ids" not in sample:
+        raise ValueError(f"a request needs 'input_ids', got keys {sorted(sample)}")
+    shapes = {
+        k: tuple(torch.as_tensor(sample[k]).shape)
+        for k in ("input_ids", "token_type_ids")
+        if k in sample
+    }
+    if len(shapes["input_ids"]) != 1 or len(set(shapes.values())) != 1:
+        raise ValueError(
+            f"a request's input_ids (and token_type_ids) must be 1-D and equally long, got {shapes}"
+        )
+    return shapes["input_ids"][0]
+
+
+def _detach(value: Any) -> Any:
+    """An independent copy of one request's outputs (not a view of the whole batch)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, Mapping):
+        return {k: _detach(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detach(v) for v in value)
+    return value
