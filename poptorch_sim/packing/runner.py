@@ -71,6 +71,12 @@ class PackRunnerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"PackRunnerConfig.{name} must be a positive int, got {value!r}")
+        if self.max_sequences_per_pack == self.max_seq_len:
+            raise ValueError(
+                f"PackRunnerConfig.max_sequences_per_pack equals max_seq_len ({self.max_seq_len}): "
+                "the runner tells per-token from per-sequence outputs by their size, so pick "
+                "another max_sequences_per_pack"
+            )
         if self.max_valid_num is not None and self.max_valid_num < 1:
             raise ValueError(
                 f"PackRunnerConfig.max_valid_num must be >= 1, got {self.max_valid_num}"
@@ -129,7 +135,15 @@ class _Batch:
 
     @property
     def full(self) -> bool:
-        return len(self.requests) >= self.config.requests_per_batch
+        """At ``max_valid_num`` requests, or no row can take even a 1-token request."""
+        cfg = self.config
+        if len(self.requests) >= cfg.requests_per_batch:
+            return True
+        rows_closed = (
+            used == cfg.max_seq_len or len(row) == cfg.max_sequences_per_pack
+            for row, used in zip(self.rows, self.used)
+        )
+        return len(self.rows) == cfg.batch_size and all(rows_closed)
 
     def add(self, request: _Request) -> bool:
         """Place ``request``; False when no row can take it."""
