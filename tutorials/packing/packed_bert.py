@@ -60,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--layers", type=int, default=2)
     add("--heads", type=int, default=2)
     add("--seed", type=int, default=0)
+    add("--intra-op-threads", type=int, default=1, help="torch.set_num_threads for every mode")
     return parser.parse_args(argv)
 
 
@@ -235,6 +236,9 @@ def mean_abs_difference(a: Outputs, b: Outputs) -> float:
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     """Run the three modes and print the comparison."""
     args = parse_args(argv)
+    # The same for all three modes. On a machine whose cores are busy, OpenMP teams of several
+    # threads wait on each other and one thread can be several times faster.
+    torch.set_num_threads(args.intra_op_threads)
     lengths = synthetic_lengths(args.num_samples, args.mean_len, args.max_seq_len, args.seed)
     requests = make_requests(lengths, 1000, args.seed)
     model = build_model(args)
