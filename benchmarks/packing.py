@@ -130,7 +130,7 @@ def main() -> None:
             print(row, flush=True)
     print(
         "\nlatency: median seconds of one 16-row model call (padded, offline) or of one request "
-        "from submission to result (online)"
+        "from submission to result, all requests submitted at once (online)"
     )
 
 

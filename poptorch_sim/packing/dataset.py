@@ -34,7 +34,7 @@ class PackedDataset(Dataset[dict[str, torch.Tensor]]):
     Raises:
         ValueError: a sample longer than ``max_seq_len`` (from ``pack_lengths``).
 
-    >>> rows = PackedDataset(samples, 128, 4, rows_multiple_of=opts.combined_batch_size)  # doctest: +SKIP
+    >>> rows = PackedDataset(samples, 128, 4, rows_multiple_of=8 * opts.device_iterations)  # doctest: +SKIP
     >>> loader = poptorch.DataLoader(opts, rows, batch_size=8)  # doctest: +SKIP
     """
 

@@ -265,7 +265,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     for name, result in results.items():
         rate = args.num_samples / result["seconds"]
         print(f"{name:<16}{rate:>12.1f}{rate / base:>9.2f}x{result['latency'] * 1e3:>12.2f}")
-    print("latency: median time of one model call (padded, offline) or one request (online)")
+    print(
+        "latency: median time of one model call (padded, offline), or of one request from "
+        "submission to result (online; all requests are submitted at once, so it includes "
+        "their wait in the queue)"
+    )
     pairs = [("padded", "packed offline"), ("padded", "packed online")]
     pairs.append(("packed offline", "packed online"))
     for a, b in pairs:
