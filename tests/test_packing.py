@@ -14,6 +14,7 @@ from published_histograms import (
 import poptorch_sim as poptorch
 from poptorch_sim.packing import (
     IGNORE_INDEX,
+    MODEL_INPUTS,
     PackedDataset,
     UnpackInfo,
     pack,
@@ -195,6 +196,9 @@ def test_packed_dataset_feeds_poptorch_dataloader_at_a_fixed_combined_batch_size
     for batch in loader:
         assert batch["input_ids"].shape == (6, 16) and batch["labels"].shape == (6, 4)
         info = UnpackInfo.from_batch(batch)
+        parts = rows.packed_batch(batch)
+        assert tuple(parts.inputs) == MODEL_INPUTS and list(parts.labels) == ["labels"]
+        torch.testing.assert_close(parts.info.starts, info.starts)
         for i, tokens in unpack(batch["input_ids"], info).items():
             assert i not in seen
             seen[i] = tokens

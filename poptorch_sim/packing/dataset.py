@@ -72,10 +72,6 @@ class PackedDataset(Dataset[dict[str, torch.Tensor]]):
         )
         return {k: v[0] for k, v in batch.as_dict().items()}
 
-    def unpack_info(self, batch: Mapping[str, torch.Tensor]) -> UnpackInfo:
-        """Where each sample of a collated batch of rows sits (``UnpackInfo.from_batch``)."""
-        return UnpackInfo.from_batch(batch)
-
     def packed_batch(self, batch: Mapping[str, torch.Tensor]) -> PackedBatch:
         """Split a collated batch of rows into model inputs, labels and unpack info."""
         inputs = {k: batch[k] for k in MODEL_INPUTS}
