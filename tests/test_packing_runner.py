@@ -151,6 +151,21 @@ def test_a_request_that_does_not_fit_opens_the_next_batch() -> None:
     assert [int(m.amax()) for m in model.calls] == [1, 2]  # [5] then [4, 4]
 
 
+def test_later_requests_fill_the_room_a_long_one_could_not_take() -> None:
+    config = PackRunnerConfig(
+        max_seq_len=8, batch_size=2, max_sequences_per_pack=4, timeout_microseconds=3_600_000_000
+    )
+    model = Recorder(4)
+    runner = PackRunner(model, config)
+    futures = [runner.execute_async(_request(n)) for n in (5, 6, 7, 3)]
+    runner.close()  # runs the second, partial batch now instead of after an hour
+    for future, n in zip(futures, (5, 6, 7, 3)):
+        torch.testing.assert_close(future.result(WAIT), _expected(_request(n)))
+    # 7 fits neither row of the first batch; 3 behind it still joins 5.
+    assert model.calls[0].tolist() == [[1] * 5 + [2] * 3, [1] * 6 + [0] * 2]
+    assert model.calls[1].tolist() == [[1] * 7 + [0], [0] * 8]
+
+
 @pytest.mark.parametrize(
     "request_, message",
     [

@@ -8,12 +8,14 @@ full or ``timeout_microseconds`` has passed since that first request, runs the m
 the packed rows, and completes every request's future with its own unpacked outputs:
 
     request queue ──► batching thread:  fill rows (first-fit / next-fit)
-                                        until max_valid_num requests, no room for the next
-                                        request, or the timeout ──► model(packed rows)
+                                        until max_valid_num requests, no room left, or the
+                                        timeout ──► model(packed rows)
                                         ──► unpack ──► future.set_result per request
 
-A batch is full when it holds ``max_valid_num`` requests or the next request fits no row; that
-request opens the next batch. Empty rows and slots are zero (PopRT pads zeros the same way).
+A batch is full when it holds ``max_valid_num`` requests or no row has a free token and slot.
+A request that fits no row waits for the next batch while later ones may still fill this one;
+the oldest waiting request always opens the next batch. Once ``batch_size`` requests wait so,
+the batch runs. Empty rows and slots are zero (PopRT pads zeros the same way).
 A failure of the model reaches every future of its batch; the thread carries on. ``close()``
 runs what is queued, then joins the thread.
 """
@@ -260,25 +262,29 @@ class PackRunner:
         self.close()
 
     def _loop(self) -> None:
-        held: _Request | None = None
+        waiting: list[_Request] = []  # taken from the queue, not run yet, oldest first
         stopping = False
-        while not (stopping and held is None):
-            first = held if held is not None else self._queue.get()
-            held = None
-            if first is _STOP:
-                break
+        while waiting or not stopping:
+            if not waiting:
+                item = self._queue.get()
+                if item is _STOP:
+                    break
+                waiting.append(item)
             batch = _Batch(self.config)
-            batch.add(first)
+            skipped = []
+            for request in waiting:
+                if batch.full or not batch.add(request):
+                    skipped.append(request)
             deadline = time.monotonic() + self.config.timeout_microseconds / 1e6
-            while not batch.full and not stopping:
+            while not (batch.full or stopping or len(skipped) >= self.config.batch_size):
                 item = self._next(deadline)
                 if item is None:
                     break
                 if item is _STOP:
                     stopping = True
                 elif not batch.add(item):
-                    held = item
-                    break
+                    skipped.append(item)
+            waiting = skipped
             self._run(batch)
 
     def _next(self, deadline: float) -> Any:
