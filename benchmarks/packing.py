@@ -21,6 +21,7 @@ Run: ``python benchmarks/packing.py [--quick]`` (transformers needed for part 2)
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -55,7 +56,10 @@ def packing_times(n: int, repeats: int) -> list[str]:
         histogram = np.bincount(lengths, minlength=max_len + 1)[1:]
         for algorithm in ("spfhp", "lpfhp"):
             totals, hist_times = [], []
+            packs: list[list[int]] = []
             for _ in range(repeats):
+                del packs  # the previous result's million objects would slow collections
+                gc.collect()
                 start = time.perf_counter()
                 packs = pack_lengths(lengths, max_len, 12, algorithm)
                 totals.append(time.perf_counter() - start)
