@@ -133,7 +133,7 @@ def main() -> None:
         for row in throughput(distribution, count, hidden=64 if args.quick else 128, layers=2):
             print(row, flush=True)
     print(
-        "\nlatency: median seconds of one 16-row model call (padded, offline) or of one request "
+        "\nlatency: median time of one 16-row model call (padded, offline) or of one request "
         "from submission to result, all requests submitted at once (online)"
     )
 
