@@ -25,6 +25,7 @@ from ..logger import logger
 from ..profiling.trace import TraceRecorder
 from ..program import StagedProgram
 from ..runtime import PipelineRuntime
+from ..runtime.io_tiles import write_report
 from .batching import Layout
 from .inputs import BoundArgs
 from .outputs import OutputCollector
@@ -74,6 +75,17 @@ class StagedRunner:
         """Join the worker threads and write the execution trace, if one was asked for."""
         self._finalizer()
 
+    @property
+    def input_device(self) -> torch.device:
+        """Where the first stage computes (the target of overlapped IO's loads)."""
+        return self.runtime.devices[self.program.stages[0].ipu]
+
+    def run_micro_batch(self, mb: BoundArgs, r: int) -> list[Any]:
+        """Inference of one micro-batch (overlapped IO's compute phase): its output leaves."""
+        with torch.no_grad():
+            values = self.runtime.run([self._inputs(mb)])[0]
+        return self._leaves(values)
+
     def _inputs(self, mb: BoundArgs) -> dict[str, torch.Tensor]:
         tensors = flatten_inputs(self._signature, mb.args, mb.kwargs)
         return dict(zip(self.program.input_names, tensors))
@@ -113,5 +125,9 @@ def _close(
     runtime.close()
     if trace is not None and directory is not None and trace.events:
         os.makedirs(directory, exist_ok=True)
-        trace.write(os.path.join(directory, name))
+        path = os.path.join(directory, name)
+        if any(e.track for e in trace.events):
+            write_report(trace, path)  # overlapped IO: with its utilisation plot
+        else:
+            trace.write(path)
         print(trace.summary())

@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from ..enums import MatMulSerializationMode, OverlapMode
 from ..errors import createPoptorchError
@@ -193,6 +194,13 @@ def _mark_overlap(tensors: Any, mode: OverlapMode, what: str) -> Any:
         raise createPoptorchError(
             f"set_overlap_for_{what} expects a poptorch.OverlapMode; got {mode!r}."
         )
+    for leaf in pytree.tree_leaves(tensors):
+        if not isinstance(leaf, torch.Tensor) and not is_proxy(leaf):
+            # PopTorch's wording.
+            raise createPoptorchError(
+                f"You may only set overlap for torch.tensor {what}s. {type(leaf)} is not "
+                "supported."
+            )
     if mode is not OverlapMode.NoOverlap:
         _overlap.requested = True
     return tensors
@@ -209,7 +217,7 @@ def set_overlap_for_input(input_tensors: Any, mode: OverlapMode) -> Any:
         ``input_tensors`` (an identity).
 
     Raises:
-        poptorch.Error: ``mode`` is not an ``OverlapMode``.
+        poptorch.Error: ``mode`` is not an ``OverlapMode``, or a leaf is not a tensor.
 
     >>> set_overlap_for_input(torch.ones(1), OverlapMode.NoOverlap)
     tensor([1.])
@@ -228,7 +236,7 @@ def set_overlap_for_output(output_tensors: Any, mode: OverlapMode) -> Any:
         ``output_tensors`` (an identity).
 
     Raises:
-        poptorch.Error: ``mode`` is not an ``OverlapMode``.
+        poptorch.Error: ``mode`` is not an ``OverlapMode``, or a leaf is not a tensor.
 
     >>> set_overlap_for_output({"y": torch.ones(1)}, OverlapMode.OverlapAccumulationLoop)
     {'y': tensor([1.])}
