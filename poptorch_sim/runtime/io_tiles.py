@@ -125,7 +125,7 @@ class _Item:
 @dataclass(frozen=True)
 class _Phase:
     name: str
-    work: Callable[[_Item], None]
+    work: tuple[tuple[str, Callable[[_Item], None]], ...]  # (trace track, step) in order
     inbox: queue.Queue[_Item]
     outbox: queue.Queue[_Item] | None
     threads: int
@@ -146,6 +146,9 @@ class IoTiles:
         trace: where load / compute / store spans go (tracks ``IPU n load`` etc.), if anywhere.
         report: on ``close``, write ``trace`` there (Chrome-trace JSON) with its utilisation plot
             beside it (the same name, ``.png``).
+        overlap: ``False`` does the same copies just in time instead: one thread runs load,
+            compute and store of one micro-batch after the other, as an IPU without IO tiles
+            does (the baseline of ``benchmarks/overlap_io.py``).
 
     >>> io = IoTiles(lambda x, r: [2 * x], lambda x, fn: fn(x), torch.device("cpu"), 32, 1)
     >>> io.run([(0, torch.ones(2)), (0, torch.zeros(2))])
@@ -165,6 +168,7 @@ class IoTiles:
         ipu: int = 0,
         trace: TraceRecorder | None = None,
         report: str | None = None,
+        overlap: bool = True,
     ) -> None:
         if depth < 1:
             raise Error(f"the IO prefetch depth must be at least 1, got {depth}")
@@ -177,11 +181,18 @@ class IoTiles:
         computed: queue.Queue[_Item] = queue.Queue(maxsize=depth)
         self._streams = _Streams(device)
         self._stop = threading.Event()
+        load, compute, store = (
+            ("load", self._load),
+            ("compute", self._run_compute),
+            ("store", self._store),
+        )
         phases = [
-            _Phase("load", self._load, self._to_load, loaded, self.io_threads),
-            _Phase("compute", self._run_compute, loaded, computed, self.compute_threads),
-            _Phase("store", self._store, computed, None, self.io_threads),
+            _Phase("load", (load,), self._to_load, loaded, self.io_threads),
+            _Phase("compute", (compute,), loaded, computed, self.compute_threads),
+            _Phase("store", (store,), computed, None, self.io_threads),
         ]
+        if not overlap:  # just in time: every phase on the compute thread, with all its threads
+            phases = [_Phase("serial", (load, compute, store), self._to_load, None, threads)]
         self._threads = [
             threading.Thread(
                 target=self._loop, args=(p,), name=f"poptorch_sim IPU {ipu} {p.name}", daemon=True
@@ -256,11 +267,13 @@ class IoTiles:
             item = phase.inbox.get()  # idle threads block here; close() sends STOP
             if item is STOP:
                 return
-            if item.call.error is None:
+            for name, work in phase.work:
+                if item.call.error is not None:
+                    break
                 try:
-                    self._timed(phase.name, item, phase.work)
+                    self._timed(name, item, work)
                 except BaseException as exc:  # reported to the item's caller, never raised here
-                    item.call.fail(_describe(self.ipu, phase.name, item.index, exc))
+                    item.call.fail(_describe(self.ipu, name, item.index, exc))
             if item.call.error is not None or phase.outbox is None:
                 item.values = None
                 item.call.finish_one()
