@@ -8,6 +8,7 @@ optimizer snapshot, and the shape of each call's outputs.
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import threading
 import time
@@ -61,6 +62,8 @@ _EAGER_FALLBACK = (
 )
 
 __all__ = ["PoplarExecutor"]
+
+_io_serial = itertools.count()  # names the overlapped-IO trace files of a process
 
 
 class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
@@ -240,7 +243,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         else:
             trace = TraceRecorder() if options.profile_dir else None
             if options.profile_dir:
-                report = os.path.join(options.profile_dir, f"overlap_io_trace_{id(self)}.json")
+                name = f"overlap_io_trace_{next(_io_serial)}.json"
+                report = os.path.join(options.profile_dir, name)
         return IoTiles(
             program.run_micro_batch,
             lambda mb, fn: mb.map_tensors(fn),
