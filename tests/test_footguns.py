@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,3 +156,25 @@ def test_training_with_overlapped_io_runs_without_io_threads() -> None:
         optimizer.step()
     model.copyWeightsToHost()
     torch.testing.assert_close(module.lin.weight, reference.lin.weight)
+
+
+def test_one_overlapped_output_sends_every_input_and_output_through_the_io_threads(
+    tmp_path: Path,
+) -> None:
+    # PopTorch overlaps only the marked tensors; poptorch_sim's IO threads load every input
+    # and store every output of a model that marks any (see set_overlap_for_input).
+    class OutputOnly(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            mode = poptorch.OverlapMode.OverlapAccumulationLoop
+            return poptorch.set_overlap_for_output(a + b, mode), a * b
+
+    opts = poptorch.Options().deviceIterations(2).enableProfiling(str(tmp_path))
+    opts.setExecutionStrategy(poptorch.ShardedExecution())
+    opts.TensorLocations.numIOTiles(32)
+    model = poptorch.inferenceModel(OutputOnly(), opts)
+    model(torch.ones(4, 2), torch.ones(4, 2))
+    io = model._executable.io
+    loads = [e for e in io.trace.events if e.track == "load"]
+    stores = [e for e in io.trace.events if e.track == "store"]
+    assert len(loads) == len(stores) == 2  # both micro-batches, both inputs and outputs each
+    model.destroy()

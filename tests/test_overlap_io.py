@@ -248,6 +248,23 @@ def test_a_failing_call_fails_alone_and_the_pipeline_keeps_serving():
         io.run([(0, torch.tensor([1]))])
 
 
+def test_just_in_time_io_runs_the_phases_one_after_the_other():
+    trace = TraceRecorder()
+    io = IoTiles(
+        lambda v, r: [v * 3], lambda v, fn: fn(v), torch.device("cpu"), 32, 1,
+        trace=trace, overlap=False,
+    )  # fmt: skip
+    try:
+        out = io.run([(0, torch.tensor([m], dtype=torch.float64)) for m in range(3)])
+    finally:
+        io.close()
+    assert [o[0].dtype for o in out] == [torch.float32] * 3  # loaded as float32
+    assert [float(o[0]) for o in out] == [0.0, 3.0, 6.0]
+    spans = sorted(trace.events, key=lambda e: e.start_us)
+    assert [e.track for e in spans] == ["load", "compute", "store"] * 3
+    assert all(a.end_us <= b.start_us for a, b in zip(spans, spans[1:]))
+
+
 @pytest.mark.parametrize("threads, tiles, split", [(2, 32, (1, 1)), (2, 192, (1, 1)),
                                                    (16, 192, (13, 2)), (16, 32, (15, 1)),
                                                    (64, 192, (55, 5))])  # fmt: skip

@@ -209,6 +209,13 @@ def _mark_overlap(tensors: Any, mode: OverlapMode, what: str) -> Any:
 def set_overlap_for_input(input_tensors: Any, mode: OverlapMode) -> Any:
     """Overlap the host-to-IPU copy of these inputs with compute (needs IO tiles).
 
+    Simulated: once any input or output of a model is marked with a mode other than
+    ``NoOverlap`` (and the options pass PopTorch's checks), an inference model loads every
+    input and stores every output on its IO threads (runtime/io_tiles.py), marked or not, and
+    both modes overlap across device iterations and calls alike; PopTorch's graph rules on the
+    marks (an input marker must be the input's only use, a marked output returned once) are
+    not checked. See tests/test_footguns.py.
+
     Args:
         input_tensors: a tensor or any nesting of tuples, lists and dicts of tensors.
         mode: a ``poptorch.OverlapMode``.
@@ -227,6 +234,8 @@ def set_overlap_for_input(input_tensors: Any, mode: OverlapMode) -> Any:
 
 def set_overlap_for_output(output_tensors: Any, mode: OverlapMode) -> Any:
     """Overlap the IPU-to-host copy of these outputs with compute (needs IO tiles).
+
+    Simulated: see ``set_overlap_for_input``.
 
     Args:
         output_tensors: a tensor or any nesting of tuples, lists and dicts of tensors.
