@@ -168,7 +168,9 @@ def test_float64_inputs_are_loaded_as_float32():
 
 def test_concurrent_calls_share_the_io_tiles_and_get_their_own_results():
     module = Overlapped()
-    model = poptorch.inferenceModel(module, _options())
+    opts = _options()
+    opts._Popart.set("defaultPrefetchBufferingDepth", 3)
+    model = poptorch.inferenceModel(module, opts)
     inputs = [_images(8) for _ in range(6)]
     model(inputs[0])
     outputs: list = [None] * len(inputs)
@@ -185,6 +187,7 @@ def test_concurrent_calls_share_the_io_tiles_and_get_their_own_results():
     with torch.no_grad():
         for x, got in zip(inputs, outputs):
             torch.testing.assert_close(got[0], Overlapped.forward(module, x)[0])
+    assert [p.maxsize for p in model._executable.io._handovers] == [3, 3]
     model.destroy()
 
 
@@ -265,9 +268,9 @@ def test_just_in_time_io_runs_the_phases_one_after_the_other():
     assert all(a.end_us <= b.start_us for a, b in zip(spans, spans[1:]))
 
 
-@pytest.mark.parametrize("threads, tiles, split", [(2, 32, (1, 1)), (2, 192, (1, 1)),
-                                                   (16, 192, (13, 2)), (16, 32, (15, 1)),
-                                                   (64, 192, (55, 5))])  # fmt: skip
+@pytest.mark.parametrize("threads, tiles, split", [(1, 192, (1, 1)), (2, 32, (2, 1)),
+                                                   (2, 192, (2, 1)), (16, 192, (14, 2)),
+                                                   (16, 32, (16, 1)), (64, 192, (56, 5))])  # fmt: skip
 def test_io_tiles_take_their_share_of_the_threads(threads, tiles, split):
     assert thread_split(threads, tiles) == split
 

@@ -25,10 +25,10 @@ copies go through pinned host memory on a CUDA stream of their own, ordered with
 stream by events.
 
 How ``numIOTiles`` maps onto threads: the IPU's intra-op threads (``threads``) are shared in
-proportion to tiles. The compute thread keeps ``floor(threads × (1472 − n) / 1472)`` (at least 1),
-the load and the store thread get ``ceil(threads × n / 1472 / 2)`` each (at least 1). On a
-2-thread IPU the compute thread keeps 1 thread with or without IO tiles; on 16 threads and
-``n = 192`` compute keeps 13 and each IO thread gets 2.
+proportion to tiles. The compute thread keeps ``round(threads × (1472 − n) / 1472)`` (at least
+1), the load and the store thread get ``ceil(threads × n / 1472 / 2)`` each (at least 1). On a
+2-thread IPU compute keeps both threads (the IO threads are extra, mostly copying memory); on
+16 threads and ``n = 192`` compute keeps 14 and each IO thread gets 2.
 
 Calls from several threads share the pipeline: each call's micro-batches enter in order, the
 compute thread takes them first come, first served, and a failure ends only the call it belongs
@@ -78,11 +78,11 @@ def thread_split(threads: int, num_io_tiles: int) -> tuple[int, int]:
     """``(compute threads, threads of each IO thread)`` for an IPU of ``threads`` intra-op threads.
 
     >>> thread_split(16, 192)
-    (13, 2)
+    (14, 2)
     >>> thread_split(2, 32)
-    (1, 1)
+    (2, 1)
     """
-    compute = max(1, threads * (TILES_PER_IPU - num_io_tiles) // TILES_PER_IPU)
+    compute = max(1, round(threads * (TILES_PER_IPU - num_io_tiles) / TILES_PER_IPU))
     io = max(1, math.ceil(threads * num_io_tiles / TILES_PER_IPU / 2))
     return compute, io
 
@@ -179,6 +179,7 @@ class IoTiles:
         self._to_load: queue.Queue[_Item] = queue.Queue()
         loaded: queue.Queue[_Item] = queue.Queue(maxsize=depth)
         computed: queue.Queue[_Item] = queue.Queue(maxsize=depth)
+        self._handovers = (loaded, computed)
         self._streams = _Streams(device)
         self._stop = threading.Event()
         load, compute, store = (
