@@ -34,8 +34,8 @@ def utilisation(
     >>> from poptorch_sim.profiling.trace import TraceEvent
     >>> compute = TraceEvent(0, "C0", "compute", 0.0, 500.0, track="compute")
     >>> store = TraceEvent(0, "S0", "store", 500.0, 250.0, track="store")
-    >>> utilisation([compute, store], 2)[1]
-    {'IPU 0 compute': [1.0, 0.0], 'IPU 0 store': [0.0, 0.6666666666666666]}
+    >>> utilisation([compute, store], 3)[1]
+    {'IPU 0 compute': [1.0, 1.0, 0.0], 'IPU 0 store': [0.0, 0.0, 1.0]}
     """
     if not events:
         return [], {}
