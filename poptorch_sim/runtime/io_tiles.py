@@ -373,8 +373,9 @@ class _Streams:
 
 
 def _describe(ipu: int, phase: str, index: int, exc: BaseException) -> BaseException:
-    if isinstance(exc, Error):
-        return exc
+    """The caller's error: which phase of which of its micro-batches failed, chained from
+    ``exc`` (a staged program's own Error names the stage; its micro-batch count restarts at 0
+    for each micro-batch the compute phase runs)."""
     error = Error(
         f"IPU {ipu} failed in the {phase} of micro-batch {index} (overlapped IO): "
         f"{type(exc).__name__}: {exc}"
