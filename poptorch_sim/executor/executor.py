@@ -36,6 +36,7 @@ from ..runtime.intra_op import resolve_threads_per_ipu
 from ..runtime.io_tiles import IoTiles
 from . import hooks
 from .batching import Layout, check_batch
+from .device_tree import shallow_copy
 from .eager import EagerProgram
 from .inputs import ArgsParser, BoundArgs, validate_inputs
 from .inspection import InspectionMixin
@@ -79,6 +80,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         object.__setattr__(self, "_user_model", model)
+        # PopTorch wraps copy.copy(model): see [Note: what the device copies].
+        self._model_snapshot = shallow_copy(model)
         self._options = _resolve_options(options, training)
         self._training = training
         self._optimizer = optimizer
@@ -184,7 +187,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         check_batch(bound, layout)
         overlapped_io_requested()  # forget marks left by eager runs of forward
         bar.update(10)
-        device = DeviceCopy(self._user_model)
+        device = DeviceCopy(self._model_snapshot)
         _check_updatable_buffers(self._options, device.model)
         if (
             self._options._Popart.options.get("instrumentWithHardwareCycleCounter")
