@@ -60,9 +60,29 @@ class Normalise(nn.Module):
         return poptorch.set_overlap_for_output(y, MODE) if self.overlap else y
 
 
-def build(kind: str, args: argparse.Namespace) -> poptorch.PoplarExecutor:
-    """A compiled inference model served the ``kind`` way."""
-    module = Normalise(overlap=kind != "plain")
+class Waiting(nn.Module):
+    """Compute that waits ``wait_s`` (a kernel on an accelerator) and returns a float32 map of
+    the images' shape; load and store are still real copies on the host's cores."""
+
+    def __init__(self, overlap: bool, wait_s: float, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.overlap, self.wait_s = overlap, wait_s
+        self.register_buffer("result", torch.rand(shape))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.overlap:
+            images = poptorch.set_overlap_for_input(images, MODE)
+        time.sleep(self.wait_s)
+        return poptorch.set_overlap_for_output(self.result, MODE) if self.overlap else self.result
+
+
+def build(kind: str, args: argparse.Namespace, wait_s: float | None) -> poptorch.PoplarExecutor:
+    """A compiled inference model served the ``kind`` way (computing, or waiting ``wait_s``)."""
+    overlap = kind != "plain"
+    if wait_s is None:
+        module: nn.Module = Normalise(overlap)
+    else:
+        module = Waiting(overlap, wait_s, tuple(images(args).shape))
     opts = poptorch.Options()
     if kind != "plain":
         opts.setExecutionStrategy(poptorch.ShardedExecution())
@@ -149,20 +169,29 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=512, help="image height and width")
     parser.add_argument("--requests", type=int, default=48, help="requests per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per cell (median)")
+    parser.add_argument("--wait-ms", type=float, default=10.0, help="second table's compute")
     parser.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
     args = parser.parse_args()
     if args.quick:
-        args.size, args.requests, args.repeats = 128, 12, 1
+        args.size, args.requests, args.repeats, args.wait_ms = 128, 12, 1, 2.0
     torch.set_num_threads(1)  # one intra-op thread per simulated IPU thread (see intra_op.py)
-    x = images(args)
-    models = {kind: build(kind, args) for kind in ("overlapped", "just-in-time", "plain")}
-    times = phases(models["just-in-time"], x, max(6, args.requests // 4))
-    serial, bound = sum(times.values()), max(times.values())
     print(
         f"request: {args.batch}x3x{args.size}x{args.size} uint8 in, "
         f"{args.batch}x3x{args.size}x{args.size} float32 out; "
         f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread"
     )
+    print("\n== compute: per-channel normalisation on the host's cores")
+    table(args, None)
+    print(f"\n== compute: waits {args.wait_ms:g} ms (an accelerator kernel); copies on the cores")
+    table(args, args.wait_ms / 1e3)
+
+
+def table(args: argparse.Namespace, wait_s: float | None) -> None:
+    """Phase medians, then throughput per client-thread count for the three ways."""
+    x = images(args)
+    models = {kind: build(kind, args, wait_s) for kind in ("overlapped", "just-in-time", "plain")}
+    times = phases(models["just-in-time"], x, max(6, args.requests // 4))
+    serial, bound = sum(times.values()), max(times.values())
     print(
         "phases (ms, median, no overlap): "
         + ", ".join(f"{k} {v:.2f}" for k, v in times.items())
