@@ -9,8 +9,9 @@ request per model call, up to 3 calls in flight) fed by 1, 2, 3 and 4 client thr
 
 * overlapped: ``numIOTiles(64)`` + ``set_overlap_for_input/output``: load, compute and store
   of different requests run on three threads at once (``runtime/io_tiles.py``).
-* just-in-time: the same copies, done one after the other by one thread per request, as an
-  IPU without IO tiles does (the same compiled model with ``IoTiles(overlap=False)``).
+* just-in-time: the same IO tiles, inputs and outputs marked ``OverlapMode.NoOverlap``: the
+  same copies, done by one thread one phase after the other, as PopTorch's NoOverlap (compute
+  tiles, JustInTime) does.
 * plain: no IO tiles at all; the simulator's host memory is its device memory, so it skips the
   copies: an upper bound no IPU has, shown for context.
 
@@ -38,68 +39,63 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 import poptorch_sim as poptorch
 from poptorch_sim.profiling.trace import TraceRecorder
-from poptorch_sim.runtime.io_tiles import IoTiles
 from poptorch_sim.serving import Runner, RuntimeConfig
 
-MODE = poptorch.OverlapMode.OverlapDeviceIterationLoop
+MODES = {
+    "overlapped": poptorch.OverlapMode.OverlapDeviceIterationLoop,
+    "just-in-time": poptorch.OverlapMode.NoOverlap,
+    "plain": None,
+}
 
 
 class Normalise(nn.Module):
     """uint8 images → float32 images normalised per channel."""
 
-    def __init__(self, overlap: bool) -> None:
+    def __init__(self, mode: poptorch.OverlapMode | None) -> None:
         super().__init__()
-        self.overlap = overlap
+        self.mode = mode
         self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))
         self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        if self.overlap:
-            images = poptorch.set_overlap_for_input(images, MODE)
+        if self.mode is not None:
+            images = poptorch.set_overlap_for_input(images, self.mode)
         y = (images.float() / 255 - self.mean) / self.std
-        return poptorch.set_overlap_for_output(y, MODE) if self.overlap else y
+        return y if self.mode is None else poptorch.set_overlap_for_output(y, self.mode)
 
 
 class Waiting(nn.Module):
     """Compute that waits ``wait_s`` (a kernel on an accelerator) and returns a float32 map of
     the images' shape; load and store are still real copies on the host's cores."""
 
-    def __init__(self, overlap: bool, wait_s: float, shape: tuple[int, ...]) -> None:
+    def __init__(
+        self, mode: poptorch.OverlapMode | None, wait_s: float, shape: tuple[int, ...]
+    ) -> None:
         super().__init__()
-        self.overlap, self.wait_s = overlap, wait_s
+        self.mode, self.wait_s = mode, wait_s
         self.register_buffer("result", torch.rand(shape))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        if self.overlap:
-            images = poptorch.set_overlap_for_input(images, MODE)
+        if self.mode is not None:
+            images = poptorch.set_overlap_for_input(images, self.mode)
         time.sleep(self.wait_s)
-        return poptorch.set_overlap_for_output(self.result, MODE) if self.overlap else self.result
+        y = self.result
+        return y if self.mode is None else poptorch.set_overlap_for_output(y, self.mode)
 
 
 def build(kind: str, args: argparse.Namespace, wait_s: float | None) -> poptorch.PoplarExecutor:
     """A compiled inference model served the ``kind`` way (computing, or waiting ``wait_s``)."""
-    overlap = kind != "plain"
+    mode = MODES[kind]
     if wait_s is None:
-        module: nn.Module = Normalise(overlap)
+        module: nn.Module = Normalise(mode)
     else:
-        module = Waiting(overlap, wait_s, tuple(images(args).shape))
+        module = Waiting(mode, wait_s, tuple(images(args).shape))
     opts = poptorch.Options()
-    if kind != "plain":
+    if mode is not None:
         opts.setExecutionStrategy(poptorch.ShardedExecution())
         opts.TensorLocations.numIOTiles(64)
     model = poptorch.inferenceModel(module, opts)
     model.compile(images(args))
-    if kind == "just-in-time":
-        io = model._executable.io
-        model._executable.io = IoTiles(
-            model._executable.program.run_micro_batch,
-            lambda mb, fn: mb.map_tensors(fn),
-            io.device,
-            io.num_io_tiles,
-            torch.get_num_threads(),
-            overlap=False,
-        )
-        io.close()
     return model
 
 

@@ -134,12 +134,14 @@ def test_results_with_io_tiles_equal_without_and_eager(cls, mode):
     module = cls()
     x = _images(16)
     results = []
-    for tiles in (32, None):
-        opts = _options(tiles=tiles).outputMode(mode)
-        module.mode = MODE if tiles else poptorch.OverlapMode.NoOverlap
-        model = poptorch.inferenceModel(module, opts)
+    no_overlap = poptorch.OverlapMode.NoOverlap
+    # Overlapped; the same copies just in time (NoOverlap with IO tiles); no copies at all.
+    for marks, tiles, threads in ((MODE, 32, 3), (no_overlap, 32, 1), (no_overlap, None, 0)):
+        module.mode = marks
+        model = poptorch.inferenceModel(module, _options(tiles=tiles).outputMode(mode))
         results.append(model(x))
-        assert (model._executable.io is not None) == (tiles is not None)
+        io = model._executable.io
+        assert (len(io._threads) if io else 0) == threads
         results.append(model(x))  # a second call through the same pipeline
         model.destroy()
     with torch.no_grad():

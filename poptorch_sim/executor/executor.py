@@ -25,7 +25,7 @@ from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
 from ..hardware import ipuHardwareIsAvailable
 from ..logger import logger, warning_once
-from ..ops.annotations import overlapped_io_requested
+from ..ops.annotations import overlap_marks
 from ..ops.blocks import uses_begin_block
 from ..optim import SGD
 from ..optim.snapshot import OptimizerSnapshot
@@ -185,7 +185,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
             self._host_sync.wrap()
         layout = _layout(self._options, self._training)
         check_batch(bound, layout)
-        overlapped_io_requested()  # forget marks left by eager runs of forward
+        overlap_marks()  # forget marks left by eager runs of forward
         bar.update(10)
         device = DeviceCopy(self._model_snapshot)
         _check_updatable_buffers(self._options, device.model)
@@ -200,13 +200,15 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
             if isinstance(program, StagedRunner)
             else layout.replicas
         )
-        overlap = overlapped_io_requested()
+        marked, overlapped = overlap_marks()
         bar.update(80)
         trainer = self._build_trainer(device, layout) if self._training else None
         if trainer is not None and isinstance(program, StagedRunner):
             trainer.trace = program.trace
             program.stage_step = trainer.stage_steps(program.program)
-        io = self._io_tiles(program) if overlap else None
+        io = None
+        if overlapped or (marked and num_io_tiles(self._options) > 0):
+            io = self._io_tiles(program, overlapped)
         self._executable = _Executable(bound, layout, device, program, trainer, io)
         self._connect_optimizer_state()
         hooks.run_post_compile()
@@ -230,14 +232,17 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
             logger.warning("%s\n%s", failure, _EAGER_FALLBACK)
             return eager or self._eager_program(device, first, layout)
 
-    def _io_tiles(self, program: EagerProgram | StagedRunner) -> IoTiles | None:
-        """PopTorch's overlapped-IO checks, then the IO threads of an inference program.
+    def _io_tiles(self, program: EagerProgram | StagedRunner, overlap: bool) -> IoTiles | None:
+        """PopTorch's overlapped-IO checks, then the IO threads of an inference program: a
+        load / compute / store pipeline, or (all marks ``NoOverlap``) the same copies just in
+        time.
 
         Simulated: a training model with overlapped IO runs without IO threads (see
         tests/test_footguns.py).
         """
         options = self._options
-        check_overlapped_io(options)
+        if overlap:
+            check_overlapped_io(options)
         if self._training:
             return None
         report = None
@@ -257,6 +262,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
             depth=int(options._Popart.options.get("defaultPrefetchBufferingDepth", 1)),
             trace=trace,
             report=report,
+            overlap=overlap,
         )
 
     def _eager_program(self, device: DeviceCopy, first: BoundArgs, layout: Layout) -> EagerProgram:

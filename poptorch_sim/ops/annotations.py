@@ -24,6 +24,7 @@ __all__ = [
     "set_overlap_for_input",
     "set_overlap_for_output",
     "overlapped_io_requested",
+    "overlap_marks",
     "NameScope",
     "current_name_scope",
     "Attribute",
@@ -178,15 +179,22 @@ def serializedMatMul(
 _overlap = threading.local()
 
 
-def overlapped_io_requested() -> bool:
-    """Whether this thread marked any input/output for overlapped IO since the last call.
+def overlap_marks() -> tuple[bool, bool]:
+    """``(marked, overlapped)`` for this thread since the last call: whether any input or output
+    was marked at all, and whether any was marked with a mode other than ``NoOverlap``.
 
-    The executor calls it after tracing a model to apply PopTorch's overlapped-IO checks
-    (execution strategy, IO tiles, output mode); calling it resets the record.
+    The executor calls it after tracing a model to choose its host IO (see
+    runtime/io_tiles.py) and apply PopTorch's overlapped-IO checks; calling it resets the record.
     """
-    requested = bool(getattr(_overlap, "requested", False))
-    _overlap.requested = False
-    return requested
+    marks = (bool(getattr(_overlap, "marked", False)), bool(getattr(_overlap, "requested", False)))
+    _overlap.marked = _overlap.requested = False
+    return marks
+
+
+def overlapped_io_requested() -> bool:
+    """Whether this thread marked any input/output for overlapped IO since the last call
+    (``overlap_marks()[1]``; resets the record)."""
+    return overlap_marks()[1]
 
 
 def _mark_overlap(tensors: Any, mode: OverlapMode, what: str) -> Any:
@@ -201,6 +209,7 @@ def _mark_overlap(tensors: Any, mode: OverlapMode, what: str) -> Any:
                 f"You may only set overlap for torch.tensor {what}s. {type(leaf)} is not "
                 "supported."
             )
+    _overlap.marked = True
     if mode is not OverlapMode.NoOverlap:
         _overlap.requested = True
     return tensors
@@ -212,9 +221,12 @@ def set_overlap_for_input(input_tensors: Any, mode: OverlapMode) -> Any:
     Simulated: once any input or output of a model is marked with a mode other than
     ``NoOverlap`` (and the options pass PopTorch's checks), an inference model loads every
     input and stores every output on its IO threads (runtime/io_tiles.py), marked or not, and
-    both modes overlap across device iterations and calls alike; PopTorch's graph rules on the
-    marks (an input marker must be the input's only use, a marked output returned once) are
-    not checked. See tests/test_footguns.py.
+    both modes overlap across device iterations and calls alike. A model whose marks are all
+    ``NoOverlap`` and that has ``numIOTiles`` set does the same copies just in time, one phase
+    after the other, as PopTorch's NoOverlap (compute tiles, JustInTime) does; without marks,
+    or without IO tiles, the simulator's host memory is its device memory and inputs are not
+    copied. PopTorch's graph rules on the marks (an input marker must be the input's only
+    use, a marked output returned once) are not checked. See tests/test_footguns.py.
 
     Args:
         input_tensors: a tensor or any nesting of tuples, lists and dicts of tensors.
