@@ -25,6 +25,13 @@ A second table repeats pipelined vs sharded with stages that *wait* (sleep) for 
 bwd instead of computing, as a kernel on an accelerator would: it measures the schedule and the
 runtime's own overhead even on a machine whose cores are busy with other work.
 
+A third and a fourth table do the same for inference, through the public API
+(``poptorch.inferenceModel`` with ``deviceIterations(M)``, ``PipelinedExecution`` vs
+``ShardedExecution``, each IPU worker on one intra-op thread), once with stages of real compute
+(``layers`` Linear+ReLU of width ``width``, forward only) beside plain eager inference under
+``torch.no_grad`` and the two-thread ceiling, and once with stages that only wait (a
+``torch.fx.wrap``-ped sleep of ``wait_ms`` per micro-batch per stage).
+
 The ideal pipelined/sharded speedup of ``N`` stages over ``M`` micro-batches is
 ``N*M / (M + N - 1)`` (the fill and drain bubbles); efficiency is measured / ideal. With more
 stages than cores (``N=4`` on two cores) the workers share cores and the ideal is out of reach.
@@ -50,6 +57,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+import poptorch_sim as poptorch
 from poptorch_sim.profiling.trace import TraceRecorder
 from poptorch_sim.program import StagedProgram, StageSpec
 from poptorch_sim.runtime import PipelineRuntime
@@ -270,6 +278,125 @@ def measure_waiting(args: argparse.Namespace) -> None:
                   f"{speedup:9.2f}x {ideal:5.2f}x {speedup / ideal:6.0%}", flush=True)  # fmt: skip
 
 
+@torch.fx.wrap
+def wait_for(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    """Identity that sleeps ``seconds``: a stage's kernel on an accelerator (an fx leaf)."""
+    time.sleep(seconds)
+    return x.clone()
+
+
+class InferenceStage(nn.Module):
+    """``layers`` Linear+ReLU of ``width``, or (``wait_s`` > 0) a wait of ``wait_s``."""
+
+    def __init__(self, width: int, layers: int, wait_s: float = 0.0) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            *[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())]
+        )
+        self.wait_s = wait_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return wait_for(x, self.wait_s) if self.wait_s else self.body(x)
+
+
+def inference_model(num_stages: int, width: int, layers: int, wait_s: float = 0.0) -> nn.Module:
+    """``num_stages`` stages, stage ``s`` in block ``s`` on IPU ``s``."""
+    return nn.Sequential(
+        *[
+            poptorch.BeginBlock(InferenceStage(width, layers, wait_s), f"S{s}", ipu_id=s)
+            for s in range(num_stages)
+        ]
+    )
+
+
+def inference_runner(
+    model: nn.Module, x: torch.Tensor, m: int, sharded: bool
+) -> Callable[[], object]:
+    """``poptorch.inferenceModel`` over ``m`` device iterations of one micro-batch each."""
+    opts = poptorch.Options().deviceIterations(m)
+    opts.setExecutionStrategy(
+        poptorch.ShardedExecution() if sharded else poptorch.PipelinedExecution()
+    )
+    executor = poptorch.inferenceModel(model, opts)
+    executor(x)  # compile
+    return lambda: executor(x)
+
+
+def plain_inference_runner(
+    model: nn.Module, x: torch.Tensor, m: int, threads: int
+) -> Callable[[], object]:
+    """The same micro-batches through the model eagerly under ``no_grad`` on ``threads`` threads."""
+    chunks = x.chunk(m)
+
+    def run() -> None:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            with torch.no_grad():
+                for chunk in chunks:
+                    model(chunk)
+        finally:
+            torch.set_num_threads(previous)
+
+    return run
+
+
+INFERENCE_HEADER = (
+    f"{'N':>2} {'M':>3} {'pipelined':>9} {'sharded':>8} {'plain':>8} {'plain-1t':>8}  "
+    f"{'pipe/shard':>10} {'ideal':>6} {'effic.':>6} {'pipe/plain':>10} {'pipe/plain-1t':>13} "
+    f"{'ceiling':>7}"
+)
+
+
+def measure_inference(args: argparse.Namespace) -> None:
+    """Pipelined vs sharded vs plain inference through ``inferenceModel``, real compute."""
+    print(f"\ninference (forward only), inferenceModel with deviceIterations(M), mb = {args.mb}, "
+          f"stage = {args.layers_inf} x Linear({args.width_inf}) + ReLU")  # fmt: skip
+    print(INFERENCE_HEADER)
+    cores = os.cpu_count() or 1
+    for n in args.stages:
+        for m in args.microbatches:
+            model = inference_model(n, args.width_inf, args.layers_inf)
+            x = torch.randn(m * args.mb, args.width_inf)
+            runners = {
+                "piped": inference_runner(model, x, m, sharded=False),
+                "shard": inference_runner(model, x, m, sharded=True),
+                "plain": plain_inference_runner(model, x, m, cores),
+                "plain1": plain_inference_runner(model, x, m, 1),
+            }
+            row = interleaved_medians(runners, args.repeats)
+            ceiling, ideal = parallel_ceiling(), n * m / (m + n - 1)
+            speedup = row["shard"] / row["piped"]
+            times = " ".join(
+                f"{row[k] * 1e3:{w}.1f}"
+                for k, w in (("piped", 9), ("shard", 8), ("plain", 8), ("plain1", 8))
+            )
+            print(f"{n:>2} {m:>3} {times}  {speedup:9.2f}x {ideal:5.2f}x {speedup / ideal:6.0%} "
+                  f"{row['plain'] / row['piped']:9.2f}x {row['plain1'] / row['piped']:12.2f}x "
+                  f"{ceiling:6.2f}x", flush=True)  # fmt: skip
+
+
+def measure_inference_waiting(args: argparse.Namespace) -> None:
+    """Pipelined vs sharded inference with stages that only wait: the schedule alone."""
+    wait_ms = args.wait_ms_inf
+    print(f"\ninference with stages that wait {wait_ms} ms per micro-batch (no compute)")
+    print(f"{'N':>2} {'M':>3} {'pipelined':>9} {'sharded':>8}  {'pipe/shard':>10} {'ideal':>6} "
+          f"{'effic.':>6} {'(M+N-1)*wait':>12}")  # fmt: skip
+    for n in args.stages_wait:
+        for m in args.microbatches_wait:
+            model = inference_model(n, 16, 1, wait_ms / 1e3)
+            x = torch.randn(m * 4, 16)
+            runners = {
+                key: inference_runner(model, x, m, sharded=key == "shard")
+                for key in ("piped", "shard")
+            }
+            row = interleaved_medians(runners, args.repeats)
+            speedup, ideal = row["shard"] / row["piped"], n * m / (m + n - 1)
+            print(f"{n:>2} {m:>3} {row['piped'] * 1e3:9.1f} {row['shard'] * 1e3:8.1f}  "
+                  f"{speedup:9.2f}x {ideal:5.2f}x {speedup / ideal:6.0%} "
+                  f"{(m + n - 1) * wait_ms:12.1f}", flush=True)  # fmt: skip
+
+
 def parallel_ceiling(threads: int = 2, matmuls: int = 40) -> float:
     """How much faster ``threads`` threads (one intra-op thread each) get through independent
     512x512 matmuls than one thread, right now: the best any pipeline can do on this machine."""
@@ -314,6 +441,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
     parser.add_argument("--trace", help="write a Chrome trace of one N=2, M=8 pipelined run")
+    parser.add_argument(
+        "--only", choices=("training", "inference"), help="run only the training or inference rows"
+    )
     args = parser.parse_args()
     quick = args.quick
     args.width, args.layers, args.mb = (256, 2, 32) if quick else (512, 2, 64)
@@ -322,6 +452,10 @@ def main() -> None:
     args.microbatches = [4, 8] if quick else [4, 8, 32]
     args.stages_wait = [2, 4]
     args.wait_ms = 1 if quick else 2
+    args.layers_inf = 3 if quick else 6
+    args.width_inf = 256 if quick else 768
+    args.microbatches_wait = [16]
+    args.wait_ms_inf = 10
     print(
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, main intra-op threads "
         f"{torch.get_num_threads()}; stage = {args.layers} x Linear({args.width}) + ReLU, "
@@ -329,13 +463,20 @@ def main() -> None:
         f"plain = eager on {os.cpu_count()} intra-op threads, plain-1t = eager on one"
     )
     print(f"parallel ceiling now: 2 threads of matmuls run {parallel_ceiling():.2f}x one thread")
-    for n in args.stages:
-        costs = ", ".join(f"{c:.2f}" for c in stage_costs(n, args))
-        print(f"N={n}: ms of fwd+bwd of one micro-batch per stage, one thread: {costs}")
-    print(HEADER)
-    measure(args)
-    print(f"parallel ceiling now: 2 threads of matmuls run {parallel_ceiling():.2f}x one thread")
-    measure_waiting(args)
+    if args.only != "inference":
+        for n in args.stages:
+            costs = ", ".join(f"{c:.2f}" for c in stage_costs(n, args))
+            print(f"N={n}: ms of fwd+bwd of one micro-batch per stage, one thread: {costs}")
+        print(HEADER)
+        measure(args)
+        print(
+            f"parallel ceiling now: 2 threads of matmuls run {parallel_ceiling():.2f}x one thread"
+        )
+        measure_waiting(args)
+    if args.only != "training":
+        os.environ.setdefault("POPTORCH_SIM_THREADS_PER_IPU", "1")
+        measure_inference(args)
+        measure_inference_waiting(args)
     if args.trace:
         write_trace(args)
 

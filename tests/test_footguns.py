@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,3 +122,59 @@ def test_cuda_runs_the_generic_kernels_which_the_tile_engine_does_not_count() ->
     assert "sort" not in kernels.counters()
     kernels.sort(torch.randn(100))
     assert kernels.counters()["sort"].calls == 1
+
+
+def test_training_with_overlapped_io_runs_without_io_threads() -> None:
+    # PopTorch overlaps a training model's IO as well; poptorch_sim applies PopTorch's checks
+    # (strategy, IO tiles, output mode) but runs training's host IO just in time: only
+    # inference models get the load / compute / store threads (runtime/io_tiles.py).
+    mode = poptorch.OverlapMode.OverlapAccumulationLoop
+
+    class Marked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 1)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = self.lin(poptorch.set_overlap_for_input(x, mode))
+            loss = poptorch.identity_loss((y**2).mean(), reduction="none")
+            return poptorch.set_overlap_for_output(y, mode), loss
+
+    module = Marked()
+    reference = copy.deepcopy(module)
+    opts = poptorch.Options().deviceIterations(2).outputMode(poptorch.OutputMode.All)
+    opts.setExecutionStrategy(poptorch.ShardedExecution())
+    opts.TensorLocations.numIOTiles(32)
+    model = poptorch.trainingModel(module, opts, poptorch.optim.SGD(module.parameters(), lr=0.1))
+    x = torch.randn(4, 3)
+    model(x)
+    assert model._executable.io is None
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for half in x.split(2):
+        optimizer.zero_grad()
+        reference(half)[1].backward()
+        optimizer.step()
+    model.copyWeightsToHost()
+    torch.testing.assert_close(module.lin.weight, reference.lin.weight)
+
+
+def test_one_overlapped_output_sends_every_input_and_output_through_the_io_threads(
+    tmp_path: Path,
+) -> None:
+    # PopTorch overlaps only the marked tensors; poptorch_sim's IO threads load every input
+    # and store every output of a model that marks any (see set_overlap_for_input).
+    class OutputOnly(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            mode = poptorch.OverlapMode.OverlapAccumulationLoop
+            return poptorch.set_overlap_for_output(a + b, mode), a * b
+
+    opts = poptorch.Options().deviceIterations(2).enableProfiling(str(tmp_path))
+    opts.setExecutionStrategy(poptorch.ShardedExecution())
+    opts.TensorLocations.numIOTiles(32)
+    model = poptorch.inferenceModel(OutputOnly(), opts)
+    model(torch.ones(4, 2), torch.ones(4, 2))
+    io = model._executable.io
+    loads = [e for e in io.trace.events if e.track == "load"]
+    stores = [e for e in io.trace.events if e.track == "store"]
+    assert len(loads) == len(stores) == 2  # both micro-batches, both inputs and outputs each
+    model.destroy()

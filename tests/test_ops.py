@@ -379,7 +379,7 @@ def test_serialized_matmul_errors(kwargs, exc, msg):
 
 def test_overlap_keeps_nested_structure_and_records_requests():
     annotations.overlapped_io_requested()
-    data = {"a": (torch.ones(1), [torch.zeros(2)]), "b": 3}
+    data = {"a": (torch.ones(1), [torch.zeros(2)]), "b": torch.ones(3)}
     assert set_overlap_for_input(data, OverlapMode.NoOverlap) is data
     assert not annotations.overlapped_io_requested()
     set_overlap_for_output(data, OverlapMode.OverlapDeviceIterationLoop)

@@ -117,3 +117,30 @@ def test_single_ipu_tutorial_runs(data_dir: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert "generated stand-in" in out
     _test_accuracy(out)
+
+
+OVERLAP_IO = REPO / "tutorials" / "overlap_io" / "serve_images.py"
+
+
+def test_overlap_io_tutorial_serves_from_threads_and_profiles(tmp_path: Path) -> None:
+    profile = tmp_path / "profile"
+    out = _run(
+        OVERLAP_IO, "--size", "32", "--requests", "6", "--threads", "1", "3",
+        "--profile-dir", str(profile), cwd=tmp_path,
+    )  # fmt: skip
+    assert "Served results equal the eager model: True" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["3"])]
+    assert [row[0] for row in rows] == ["1", "3"] and all(len(row) == 4 for row in rows)
+    traces = list(profile.glob("overlap_io_trace_*.json"))
+    assert len(traces) == 1 and traces[0].with_suffix(".png").exists()
+
+
+def test_overlap_io_tutorial_sizes_io_tiles_by_the_rule() -> None:
+    tutorial = _load(OVERLAP_IO)
+    # 1024 x 1024 pixels, uint8 RGB in and 10 float32 scores out: 43 MiB / 624 KiB = 71 tiles,
+    # rounded up to the next power of two.
+    args = tutorial.parse_args(["--batch", "1", "--size", "1024", "--classes", "10"])
+    assert tutorial.io_tiles_for(args) == 128
+    assert tutorial.io_tiles_for(tutorial.parse_args(["--size", "8"])) == 32  # at least 32
+    args = tutorial.parse_args(["--batch", "8", "--size", "1024", "--classes", "10"])
+    assert tutorial.io_tiles_for(args) == 192  # at most 192

@@ -121,6 +121,14 @@ class EagerProgram:
         assert recorder is not None
         return leaves, recorder.losses[self.loss.recorded]
 
+    input_device = torch.device("cpu")  # the device copy stays on the host CPU
+
+    def run_micro_batch(self, mb: BoundArgs, r: int) -> list[Any]:
+        """Inference of one micro-batch (overlapped IO's compute phase): its output leaves."""
+        with torch.no_grad():
+            leaves, _ = self.forward(mb, r)
+        return [_detach(t) for t in leaves]
+
     def _first_forward(self, mb: BoundArgs) -> None:
         with running_on_ipu(), training_graph(), LossRecorder() as recorder:
             out = self.model(*mb.args, **mb.kwargs)

@@ -8,6 +8,9 @@ optimizer snapshot, and the shape of each call's outputs.
 from __future__ import annotations
 
 import datetime
+import itertools
+import os
+import threading
 import time
 from typing import Any
 
@@ -17,17 +20,23 @@ from torch.utils import _pytree as pytree
 
 from .. import env
 from ..compiler import TraceFailure
+from ..compiler.overlap import check_overlapped_io, num_io_tiles
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
 from ..hardware import ipuHardwareIsAvailable
 from ..logger import logger, warning_once
+from ..ops.annotations import overlap_marks
 from ..ops.blocks import uses_begin_block
 from ..optim import SGD
 from ..optim.snapshot import OptimizerSnapshot
 from ..options import Options
 from ..printing import module_repr
+from ..profiling.trace import TraceRecorder
+from ..runtime.intra_op import resolve_threads_per_ipu
+from ..runtime.io_tiles import IoTiles
 from . import hooks
 from .batching import Layout, check_batch
+from .device_tree import shallow_copy
 from .eager import EagerProgram
 from .inputs import ArgsParser, BoundArgs, validate_inputs
 from .inspection import InspectionMixin
@@ -55,6 +64,8 @@ _EAGER_FALLBACK = (
 
 __all__ = ["PoplarExecutor"]
 
+_io_serial = itertools.count()  # names the overlapped-IO trace files of a process
+
 
 class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
     """A model wrapped for a simulated IPU. Never constructed directly: use
@@ -69,6 +80,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         object.__setattr__(self, "_user_model", model)
+        # PopTorch wraps copy.copy(model): see [Note: what the device copies].
+        self._model_snapshot = shallow_copy(model)
         self._options = _resolve_options(options, training)
         self._training = training
         self._optimizer = optimizer
@@ -79,6 +92,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         self._host_weights_version = 0
         self._linked_version = -1
         self._last_run: dict[str, float] = {}
+        self._call_lock = threading.RLock()  # See [Note: calls from several threads]
         self._host_sync = HostSync(model, self) if training else None
         self._snapshot: OptimizerSnapshot | None = None
         if training:
@@ -90,40 +104,57 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
 
     # -- calling --------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        bound = self._parser(args, kwargs)
-        if self._options.connection_type == ConnectionType.Never:
-            raise AssertionError(
-                "Trying to run a model on an offline device (ConnectionType.Never): use "
-                "model.compile(inputs) instead of model(inputs)"
-            )
-        if self._executable is None:
-            self._compile(bound)
-        else:
-            validate_inputs(self._executable.inputs, bound)
-        if not self._is_attached:
-            self.attachToDevice()
-        if not self._training:
-            self._follow_training_weights()
-        return self._run(bound)
+        # [Note: calls from several threads]
+        # Compiling, attaching and weight syncs happen under a lock, and so does a whole call
+        # of a program without IO tiles. With IO tiles (overlapped IO, inference) the run itself
+        # is left to the IO threads, which interleave the micro-batches of concurrent calls
+        # (see runtime/io_tiles.py); that is what poptorch_sim.serving.Runner relies on.
+        with self._call_lock:
+            bound = self._parser(args, kwargs)
+            if self._options.connection_type == ConnectionType.Never:
+                raise AssertionError(
+                    "Trying to run a model on an offline device (ConnectionType.Never): use "
+                    "model.compile(inputs) instead of model(inputs)"
+                )
+            if self._executable is None:
+                self._compile(bound)
+            else:
+                validate_inputs(self._executable.inputs, bound)
+            if not self._is_attached:
+                self.attachToDevice()
+            if not self._training:
+                self._follow_training_weights()
+            exe = self._executable
+            assert exe is not None
+            if exe.io is None:
+                return self._run(exe, bound)
+        return self._run(exe, bound)
 
-    def _run(self, bound: BoundArgs) -> Any:
-        exe = self._executable
-        assert exe is not None
+    def _run(self, exe: _Executable, bound: BoundArgs) -> Any:
         check_batch(bound, exe.layout)
-        bound = bound.map_tensors(_to_device_dtype)
         opts = self._options
         collector = OutputCollector(
             OutputMode(opts.output_mode), opts.output_return_period, exe.layout
         )
         trainer = exe.trainer
         self._last_run["input"] = time.perf_counter()
-        exe.program.run(
-            bound,
-            exe.layout,
-            collector,
-            trainer.loss_scaling if trainer else 1.0,
-            trainer.step if trainer else None,
-        )
+        if exe.io is not None:
+            if any(t.requires_grad for t in bound.tensors()):
+                warning_once(_DETACHED_INPUT)
+            lay = exe.layout
+            micro = [
+                mb for d in range(lay.device_iterations) for mb in lay.step_micro_batches(bound, d)
+            ]
+            for leaves in exe.io.run(micro):  # the IO threads convert dtypes as they load
+                collector.add(leaves)
+        else:
+            exe.program.run(
+                bound.map_tensors(_to_device_dtype),
+                exe.layout,
+                collector,
+                trainer.loss_scaling if trainer else 1.0,
+                trainer.step if trainer else None,
+            )
         self._last_run["output_complete"] = time.perf_counter()
         if trainer is not None:
             self._dirty_host_weights = True
@@ -154,8 +185,9 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
             self._host_sync.wrap()
         layout = _layout(self._options, self._training)
         check_batch(bound, layout)
+        overlap_marks()  # forget marks left by eager runs of forward
         bar.update(10)
-        device = DeviceCopy(self._user_model)
+        device = DeviceCopy(self._model_snapshot)
         _check_updatable_buffers(self._options, device.model)
         if (
             self._options._Popart.options.get("instrumentWithHardwareCycleCounter")
@@ -168,12 +200,16 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
             if isinstance(program, StagedRunner)
             else layout.replicas
         )
+        marked, overlapped = overlap_marks()
         bar.update(80)
         trainer = self._build_trainer(device, layout) if self._training else None
         if trainer is not None and isinstance(program, StagedRunner):
             trainer.trace = program.trace
             program.stage_step = trainer.stage_steps(program.program)
-        self._executable = _Executable(bound, layout, device, program, trainer)
+        io = None
+        if overlapped or (marked and num_io_tiles(self._options) > 0):
+            io = self._io_tiles(program, overlapped)
+        self._executable = _Executable(bound, layout, device, program, trainer, io)
         self._connect_optimizer_state()
         hooks.run_post_compile()
         bar.finish()
@@ -195,6 +231,39 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         except TraceFailure as failure:
             logger.warning("%s\n%s", failure, _EAGER_FALLBACK)
             return eager or self._eager_program(device, first, layout)
+
+    def _io_tiles(self, program: EagerProgram | StagedRunner, overlap: bool) -> IoTiles | None:
+        """PopTorch's overlapped-IO checks, then the IO threads of an inference program: a
+        load / compute / store pipeline, or (all marks ``NoOverlap``) the same copies just in
+        time.
+
+        Simulated: a training model with overlapped IO runs without IO threads (see
+        tests/test_footguns.py).
+        """
+        options = self._options
+        if overlap:
+            check_overlapped_io(options)
+        if self._training:
+            return None
+        report = None
+        if isinstance(program, StagedRunner):
+            trace = program.trace
+        else:
+            trace = TraceRecorder() if options.profile_dir else None
+            if options.profile_dir:
+                name = f"overlap_io_trace_{next(_io_serial)}.json"
+                report = os.path.join(options.profile_dir, name)
+        return IoTiles(
+            program.run_micro_batch,
+            lambda mb, fn: mb.map_tensors(fn),
+            program.input_device,
+            num_io_tiles(options),
+            resolve_threads_per_ipu(None, 1),
+            depth=int(options._Popart.options.get("defaultPrefetchBufferingDepth", 1)),
+            trace=trace,
+            report=report,
+            overlap=overlap,
+        )
 
     def _eager_program(self, device: DeviceCopy, first: BoundArgs, layout: Layout) -> EagerProgram:
         replicated = layout.replicas > 1
@@ -317,6 +386,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
             if hasattr(self._optimizer, "_set_state_reader"):
                 self._optimizer.state_dict()
                 self._optimizer._set_state_reader(None)
+        if self._executable.io is not None:
+            self._executable.io.close()
         if isinstance(self._executable.program, StagedRunner):
             self._executable.program.close()
         self._executable = None
@@ -354,12 +425,14 @@ class _Executable:
         device: DeviceCopy,
         program: EagerProgram | StagedRunner,
         trainer: DeviceTrainer | None,
+        io: IoTiles | None = None,
     ) -> None:
         self.inputs = inputs
         self.layout = layout
         self.device = device
         self.program = program
         self.trainer = trainer
+        self.io = io  # overlapped IO's threads (inference with IO tiles), else None
 
 
 def _acquire(needed: int) -> None:

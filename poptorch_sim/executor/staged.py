@@ -3,6 +3,15 @@
 The compiler traces the device copy of the model on the first micro-batch and cuts it at its
 blocks; the runtime then runs each device iteration's ``GA × R`` micro-batches through the
 pipeline (or one at a time through the shards), and the executor steps the optimizer.
+
+[Note: inference pipelines span device iterations]
+Training must finish a device iteration's micro-batches before the optimizer steps, so each device
+iteration is one pipeline run (fill, steady state, drain). Inference has no step: PopTorch's
+forward-only pipeline streams every micro-batch of the call through the stages back to back, which
+is why it asks for ``deviceIterations`` of at least the pipeline's depth. So an inference call is
+*one* run over its ``deviceIterations × replicas`` micro-batches; run per device iteration, with
+one micro-batch each, the stages would take turns and never overlap (``M + N - 1`` stage times
+become ``M × N``).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from ..logger import logger
 from ..profiling.trace import TraceRecorder
 from ..program import StagedProgram
 from ..runtime import PipelineRuntime
+from ..runtime.io_tiles import write_report
 from .batching import Layout
 from .inputs import BoundArgs
 from .outputs import OutputCollector
@@ -74,6 +84,17 @@ class StagedRunner:
         """Join the worker threads and write the execution trace, if one was asked for."""
         self._finalizer()
 
+    @property
+    def input_device(self) -> torch.device:
+        """Where the first stage computes (the target of overlapped IO's loads)."""
+        return self.runtime.devices[self.program.stages[0].ipu]
+
+    def run_micro_batch(self, mb: BoundArgs, r: int) -> list[Any]:
+        """Inference of one micro-batch (overlapped IO's compute phase): its output leaves."""
+        with torch.no_grad():
+            values = self.runtime.run([self._inputs(mb)])[0]
+        return self._leaves(values)
+
     def _inputs(self, mb: BoundArgs) -> dict[str, torch.Tensor]:
         tensors = flatten_inputs(self._signature, mb.args, mb.kwargs)
         return dict(zip(self.program.input_names, tensors))
@@ -93,18 +114,29 @@ class StagedRunner:
         loss_scale: float,
         step: Callable[[], None] | None,
     ) -> None:
-        """Run one call: each device iteration's micro-batches through the pipeline, then step."""
+        """Run one call: each device iteration's micro-batches through the pipeline, then step.
+
+        See [Note: inference pipelines span device iterations].
+        """
+        if not self.training:
+            inputs = [
+                self._inputs(mb)
+                for d in range(layout.device_iterations)
+                for _, mb in layout.step_micro_batches(bound, d)
+            ]
+            with torch.no_grad():
+                self._collect(self.runtime.run(inputs), collector)
+            return
         for d in range(layout.device_iterations):
             inputs = [self._inputs(mb) for _, mb in layout.step_micro_batches(bound, d)]
-            if self.training:
-                results = self.runtime.run(inputs, loss_scale=loss_scale, step=self.stage_step)
-            else:
-                with torch.no_grad():
-                    results = self.runtime.run(inputs)
-            for values in results:
-                collector.add(self._leaves(values))
+            results = self.runtime.run(inputs, loss_scale=loss_scale, step=self.stage_step)
+            self._collect(results, collector)
             if step is not None:
                 step()
+
+    def _collect(self, results: list[dict[str, torch.Tensor]], collector: OutputCollector) -> None:
+        for values in results:
+            collector.add(self._leaves(values))
 
 
 def _close(
@@ -113,5 +145,9 @@ def _close(
     runtime.close()
     if trace is not None and directory is not None and trace.events:
         os.makedirs(directory, exist_ok=True)
-        trace.write(os.path.join(directory, name))
+        path = os.path.join(directory, name)
+        if any(e.track for e in trace.events):
+            write_report(trace, path)  # overlapped IO: with its utilisation plot
+        else:
+            trace.write(path)
         print(trace.summary())

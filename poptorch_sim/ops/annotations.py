@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from ..enums import MatMulSerializationMode, OverlapMode
 from ..errors import createPoptorchError
@@ -23,6 +24,7 @@ __all__ = [
     "set_overlap_for_input",
     "set_overlap_for_output",
     "overlapped_io_requested",
+    "overlap_marks",
     "NameScope",
     "current_name_scope",
     "Attribute",
@@ -177,15 +179,22 @@ def serializedMatMul(
 _overlap = threading.local()
 
 
-def overlapped_io_requested() -> bool:
-    """Whether this thread marked any input/output for overlapped IO since the last call.
+def overlap_marks() -> tuple[bool, bool]:
+    """``(marked, overlapped)`` for this thread since the last call: whether any input or output
+    was marked at all, and whether any was marked with a mode other than ``NoOverlap``.
 
-    The executor calls it after tracing a model to apply PopTorch's overlapped-IO checks
-    (execution strategy, IO tiles, output mode); calling it resets the record.
+    The executor calls it after tracing a model to choose its host IO (see
+    runtime/io_tiles.py) and apply PopTorch's overlapped-IO checks; calling it resets the record.
     """
-    requested = bool(getattr(_overlap, "requested", False))
-    _overlap.requested = False
-    return requested
+    marks = (bool(getattr(_overlap, "marked", False)), bool(getattr(_overlap, "requested", False)))
+    _overlap.marked = _overlap.requested = False
+    return marks
+
+
+def overlapped_io_requested() -> bool:
+    """Whether this thread marked any input/output for overlapped IO since the last call
+    (``overlap_marks()[1]``; resets the record)."""
+    return overlap_marks()[1]
 
 
 def _mark_overlap(tensors: Any, mode: OverlapMode, what: str) -> Any:
@@ -193,6 +202,14 @@ def _mark_overlap(tensors: Any, mode: OverlapMode, what: str) -> Any:
         raise createPoptorchError(
             f"set_overlap_for_{what} expects a poptorch.OverlapMode; got {mode!r}."
         )
+    for leaf in pytree.tree_leaves(tensors):
+        if not isinstance(leaf, torch.Tensor) and not is_proxy(leaf):
+            # PopTorch's wording.
+            raise createPoptorchError(
+                f"You may only set overlap for torch.tensor {what}s. {type(leaf)} is not "
+                "supported."
+            )
+    _overlap.marked = True
     if mode is not OverlapMode.NoOverlap:
         _overlap.requested = True
     return tensors
@@ -200,6 +217,16 @@ def _mark_overlap(tensors: Any, mode: OverlapMode, what: str) -> Any:
 
 def set_overlap_for_input(input_tensors: Any, mode: OverlapMode) -> Any:
     """Overlap the host-to-IPU copy of these inputs with compute (needs IO tiles).
+
+    Simulated: once any input or output of a model is marked with a mode other than
+    ``NoOverlap`` (and the options pass PopTorch's checks), an inference model loads every
+    input and stores every output on its IO threads (runtime/io_tiles.py), marked or not, and
+    both modes overlap across device iterations and calls alike. A model whose marks are all
+    ``NoOverlap`` and that has ``numIOTiles`` set does the same copies just in time, one phase
+    after the other, as PopTorch's NoOverlap (compute tiles, JustInTime) does; without marks,
+    or without IO tiles, the simulator's host memory is its device memory and inputs are not
+    copied. PopTorch's graph rules on the marks (an input marker must be the input's only
+    use, a marked output returned once) are not checked. See tests/test_footguns.py.
 
     Args:
         input_tensors: a tensor or any nesting of tuples, lists and dicts of tensors.
@@ -209,7 +236,7 @@ def set_overlap_for_input(input_tensors: Any, mode: OverlapMode) -> Any:
         ``input_tensors`` (an identity).
 
     Raises:
-        poptorch.Error: ``mode`` is not an ``OverlapMode``.
+        poptorch.Error: ``mode`` is not an ``OverlapMode``, or a leaf is not a tensor.
 
     >>> set_overlap_for_input(torch.ones(1), OverlapMode.NoOverlap)
     tensor([1.])
@@ -220,6 +247,8 @@ def set_overlap_for_input(input_tensors: Any, mode: OverlapMode) -> Any:
 def set_overlap_for_output(output_tensors: Any, mode: OverlapMode) -> Any:
     """Overlap the IPU-to-host copy of these outputs with compute (needs IO tiles).
 
+    Simulated: see ``set_overlap_for_input``.
+
     Args:
         output_tensors: a tensor or any nesting of tuples, lists and dicts of tensors.
         mode: a ``poptorch.OverlapMode``.
@@ -228,7 +257,7 @@ def set_overlap_for_output(output_tensors: Any, mode: OverlapMode) -> Any:
         ``output_tensors`` (an identity).
 
     Raises:
-        poptorch.Error: ``mode`` is not an ``OverlapMode``.
+        poptorch.Error: ``mode`` is not an ``OverlapMode``, or a leaf is not a tensor.
 
     >>> set_overlap_for_output({"y": torch.ones(1)}, OverlapMode.OverlapAccumulationLoop)
     {'y': tensor([1.])}

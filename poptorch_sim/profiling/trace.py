@@ -4,6 +4,8 @@ Every action a worker runs (fwd/bwd of a stage on a micro-batch, transfers, opti
 one event on the track of its IPU. ``TraceRecorder.write`` produces the Chrome trace event format
 (a JSON object with ``traceEvents``), which https://ui.perfetto.dev and ``chrome://tracing`` open:
 one thread track per IPU, ``"ph": "X"`` complete events with ``ts``/``dur`` in microseconds.
+Events with a ``track`` (overlapped IO's ``load`` and ``store``) get a track of their own beside
+their IPU's (``IPU 0 load``), so PopVision-style overlap of IO and compute shows.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class TraceEvent:
     dur_us: float
     stage: int | None = None
     mb: int | None = None
+    track: str = ""  # "" = the IPU's own track; else e.g. "load", "store"
 
     @property
     def end_us(self) -> float:
@@ -72,6 +75,7 @@ class TraceRecorder:
         *,
         stage: int | None = None,
         mb: int | None = None,
+        track: str = "",
     ) -> None:
         """Add an event that ran from ``start_ns`` to ``end_ns`` (``now_ns`` clock)."""
         event = TraceEvent(
@@ -82,6 +86,7 @@ class TraceRecorder:
             (end_ns - start_ns) / 1e3,
             stage,
             mb,
+            track,
         )
         with self._lock:
             self._events.append(event)
@@ -95,13 +100,15 @@ class TraceRecorder:
         *,
         stage: int | None = None,
         mb: int | None = None,
+        track: str = "",
     ) -> Iterator[None]:
         """Record the time spent inside the ``with`` block as one event."""
         start = time.perf_counter_ns()
         try:
             yield
         finally:
-            self.record(ipu, name, category, start, time.perf_counter_ns(), stage=stage, mb=mb)
+            end = time.perf_counter_ns()
+            self.record(ipu, name, category, start, end, stage=stage, mb=mb, track=track)
 
     @property
     def events(self) -> list[TraceEvent]:
@@ -117,27 +124,22 @@ class TraceRecorder:
     def to_chrome(self) -> dict[str, Any]:
         """The events in Chrome trace event format, one named thread track per IPU."""
         events = self.events
-        ipus = sorted({e.ipu for e in events})
+        tids = _track_ids(events)
         meta: list[dict[str, Any]] = [
             {"name": "process_name", "ph": "M", "pid": _PID, "args": {"name": "poptorch_sim"}}
         ]
-        for ipu in ipus:
+        for (ipu, track), tid in tids.items():
+            name = f"IPU {ipu} {track}" if track else f"IPU {ipu}"
             meta.append(
-                {
-                    "name": "thread_name",
-                    "ph": "M",
-                    "pid": _PID,
-                    "tid": ipu,
-                    "args": {"name": f"IPU {ipu}"},
-                }
+                {"name": "thread_name", "ph": "M", "pid": _PID, "tid": tid, "args": {"name": name}}
             )
             meta.append(
                 {
                     "name": "thread_sort_index",
                     "ph": "M",
                     "pid": _PID,
-                    "tid": ipu,
-                    "args": {"sort_index": ipu},
+                    "tid": tid,
+                    "args": {"sort_index": tid},
                 }
             )
         complete = [
@@ -148,7 +150,7 @@ class TraceRecorder:
                 "ts": round(e.start_us, 3),
                 "dur": round(e.dur_us, 3),
                 "pid": _PID,
-                "tid": e.ipu,
+                "tid": tids[(e.ipu, e.track)],
                 "args": {"stage": e.stage, "mb": e.mb},
             }
             for e in events
@@ -214,3 +216,18 @@ class TraceRecorder:
             ratio = max(compute.values()) / min(compute.values())
             lines.append(f"imbalance (slowest / fastest stage compute): {ratio:.2f}x")
         return "\n".join(lines)
+
+
+_TRACK_ORDER = {"load": 0, "": 1, "compute": 1, "store": 2}
+
+
+def _track_ids(events: list[TraceEvent]) -> dict[tuple[int, str], int]:
+    """A thread id per (IPU, track): IPU ``i``'s own track keeps tid ``i`` when it has no
+    IO tracks (traces without overlapped IO look as before); with them, load / IPU / store of
+    each IPU sit next to each other."""
+    keys = sorted(
+        {(e.ipu, e.track) for e in events}, key=lambda k: (k[0], _TRACK_ORDER.get(k[1], 3), k[1])
+    )
+    if all(track == "" for _, track in keys):
+        return {key: key[0] for key in keys}
+    return {key: i for i, key in enumerate(keys)}

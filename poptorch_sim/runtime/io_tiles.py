@@ -1,0 +1,414 @@
+"""IO tiles: overlapped IO as a load / compute / store pipeline, each stage a thread of its own.
+
+[Note: IO tiles]
+With ``Options.TensorLocations.numIOTiles(n)`` and inputs or outputs marked by
+``set_overlap_for_input/output``, an IPU gives ``n`` of its 1472 tiles to host IO only, and
+the host → IPU copy of micro-batch ``i+1`` and the IPU → host copy of ``i-1`` run while ``i``
+computes. Here the three phases are three threads with a bounded hand-over queue between each,
+so a micro-batch is in exactly one phase at a time and the compute thread never copies::
+
+    callers ──► load thread ──[depth]──► compute thread ──[depth]──► store thread ──► callers
+                host slice → device     the program on one          device outputs → new
+                buffer (dtype converted) micro-batch                 host tensors (demoted)
+
+    clock     t0     t1     t2     t3     t4
+    load      L0     L1     L2     L3
+    compute          C0     C1     C2     C3
+    store                   S0     S1     S2     S3
+
+``depth`` is PopTorch's ``defaultPrefetchBufferingDepth`` (1 unless set through
+``Options._Popart``): how many loaded micro-batches may wait for compute (and computed ones for
+the store). Load and store are real copies, not sleeps: every input leaf is copied into a new
+device buffer, converting float64 to float32 as the host does for an IPU, and every output leaf
+into a new host tensor with the IPU's int64 → int32 / float64 → float32 demotion. On CUDA both
+copies go through pinned host memory on a CUDA stream of their own, ordered with the compute
+stream by events.
+
+How ``numIOTiles`` maps onto threads: the IPU's intra-op threads (``threads``) are shared in
+proportion to tiles. The compute thread keeps ``round(threads × (1472 − n) / 1472)`` (at least
+1), the load and the store thread get ``ceil(threads × n / 1472 / 2)`` each (at least 1). On a
+2-thread IPU compute keeps both threads (the IO threads are extra, mostly copying memory); on
+16 threads and ``n = 192`` compute keeps 14 and each IO thread gets 2.
+
+Calls from several threads share the pipeline: each call's micro-batches enter in order, the
+compute thread takes them first come, first served, and a failure ends only the call it belongs
+to (its later micro-batches are skipped, other calls carry on).
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import Error
+from ..logger import logger
+from ..profiling.trace import TraceRecorder
+from ..profiling.utilisation import plot_utilisation
+from .intra_op import restore_default_threads, set_worker_threads
+
+__all__ = ["IoTiles", "TILES_PER_IPU", "thread_split", "device_dtype", "write_report"]
+
+TILES_PER_IPU = 1472  # a Mk2 GC200
+POLL_S = 0.05  # how often a blocked wait re-checks for close()
+JOIN_TIMEOUT_S = 10.0
+STOP: Any = "STOP"
+
+Compute = Callable[[Any, int], list[Any]]
+Mapper = Callable[[Any, Callable[[torch.Tensor], torch.Tensor]], Any]
+
+_TO_DEVICE = {torch.float64: torch.float32}
+_TO_HOST = {torch.float64: torch.float32, torch.int64: torch.int32}
+
+
+def device_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an input has on the IPU (float64 → float32, others kept)."""
+    return _TO_DEVICE.get(dtype, dtype)
+
+
+def thread_split(threads: int, num_io_tiles: int) -> tuple[int, int]:
+    """``(compute threads, threads of each IO thread)`` for an IPU of ``threads`` intra-op threads.
+
+    >>> thread_split(16, 192)
+    (14, 2)
+    >>> thread_split(2, 32)
+    (2, 1)
+    """
+    compute = max(1, round(threads * (TILES_PER_IPU - num_io_tiles) / TILES_PER_IPU))
+    io = max(1, math.ceil(threads * num_io_tiles / TILES_PER_IPU / 2))
+    return compute, io
+
+
+class _Call:
+    """One caller's micro-batches in the pipeline; finished when each is stored or skipped."""
+
+    def __init__(self, count: int) -> None:
+        self.results: list[list[Any] | None] = [None] * count
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._remaining = count
+        self._lock = threading.Lock()
+        if count == 0:
+            self.done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._lock:
+            if self.error is None:
+                self.error = exc
+
+    def finish_one(self) -> None:
+        with self._lock:
+            self._remaining -= 1
+            if self._remaining == 0:
+                self.done.set()
+
+
+@dataclass
+class _Item:
+    """One micro-batch on its way through load, compute and store."""
+
+    call: _Call
+    index: int
+    replica: int
+    values: Any  # host inputs, then device inputs, then device outputs, then host outputs
+    events: list[Any] = field(default_factory=list)  # CUDA: keeps copies ordered across streams
+
+
+@dataclass(frozen=True)
+class _Phase:
+    name: str
+    work: tuple[tuple[str, Callable[[_Item], None]], ...]  # (trace track, step) in order
+    inbox: queue.Queue[_Item]
+    outbox: queue.Queue[_Item] | None
+    threads: int
+
+
+class IoTiles:
+    """The IO tiles of one IPU: runs micro-batches through load, compute and store threads.
+
+    Args:
+        compute: ``compute(device_inputs, replica) -> output leaves`` for one micro-batch.
+        map_tensors: ``map_tensors(inputs, fn)`` applies ``fn`` to every tensor of a
+            micro-batch's inputs, keeping their structure.
+        device: where the program computes (the load target).
+        num_io_tiles: ``Options.TensorLocations.numIOTiles``.
+        threads: the IPU's intra-op threads, shared as [Note: IO tiles] says.
+        depth: micro-batches that may wait between two phases (``defaultPrefetchBufferingDepth``).
+        ipu: the IPU id (names the threads and the trace tracks).
+        trace: where load / compute / store spans go (tracks ``IPU n load`` etc.), if anywhere.
+        report: on ``close``, write ``trace`` there (Chrome-trace JSON) with its utilisation plot
+            beside it (the same name, ``.png``).
+        overlap: ``False`` does the same copies just in time instead: one thread runs load,
+            compute and store of one micro-batch after the other, as an IPU without IO tiles
+            does (the baseline of ``benchmarks/overlap_io.py``).
+
+    >>> io = IoTiles(lambda x, r: [2 * x], lambda x, fn: fn(x), torch.device("cpu"), 32, 1)
+    >>> io.run([(0, torch.ones(2)), (0, torch.zeros(2))])
+    [[tensor([2., 2.])], [tensor([0., 0.])]]
+    >>> io.close()
+    """
+
+    def __init__(
+        self,
+        compute: Compute,
+        map_tensors: Mapper,
+        device: torch.device,
+        num_io_tiles: int,
+        threads: int,
+        *,
+        depth: int = 1,
+        ipu: int = 0,
+        trace: TraceRecorder | None = None,
+        report: str | None = None,
+        overlap: bool = True,
+    ) -> None:
+        if depth < 1:
+            raise Error(f"the IO prefetch depth must be at least 1, got {depth}")
+        self._compute, self._map = compute, map_tensors
+        self.device, self.ipu, self.trace = device, ipu, trace
+        self.num_io_tiles = num_io_tiles
+        self.compute_threads, self.io_threads = thread_split(threads, num_io_tiles)
+        self._to_load: queue.Queue[_Item] = queue.Queue()
+        loaded: queue.Queue[_Item] = queue.Queue(maxsize=depth)
+        computed: queue.Queue[_Item] = queue.Queue(maxsize=depth)
+        self._handovers = (loaded, computed)
+        self._streams = _Streams(device)
+        self._stop = threading.Event()
+        load, compute, store = (
+            ("load", self._load),
+            ("compute", self._run_compute),
+            ("store", self._store),
+        )
+        phases = [
+            _Phase("load", (load,), self._to_load, loaded, self.io_threads),
+            _Phase("compute", (compute,), loaded, computed, self.compute_threads),
+            _Phase("store", (store,), computed, None, self.io_threads),
+        ]
+        if not overlap:  # just in time: every phase on the compute thread, with all its threads
+            phases = [_Phase("serial", (load, compute, store), self._to_load, None, threads)]
+        self._threads = [
+            threading.Thread(
+                target=self._loop, args=(p,), name=f"poptorch_sim IPU {ipu} {p.name}", daemon=True
+            )
+            for p in phases
+        ]
+        main_threads = torch.get_num_threads()
+        self._ready = threading.Semaphore(0)
+        for thread in self._threads:
+            thread.start()
+        for _ in self._threads:
+            self._ready.acquire(timeout=JOIN_TIMEOUT_S)
+        restore_default_threads(main_threads)  # See [Note: per-thread intra-op threads]
+        inboxes = [p.inbox for p in phases]
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._stop, inboxes, self._threads, trace, report
+        )
+        atexit.register(self._finalizer)
+
+    # -- the caller's side ----------------------------------------------------------------------
+
+    def run(self, micro_batches: Sequence[tuple[int, Any]]) -> list[list[Any]]:
+        """Run ``(replica, host inputs)`` micro-batches; return each one's host output leaves.
+
+        Safe to call from several threads at once: their micro-batches share the pipeline.
+
+        Raises:
+            Error: a phase failed for one of these micro-batches (chained from the original
+                exception), or the IO tiles are closed.
+        """
+        if self.closed:
+            raise Error("these IO tiles are closed (the model was destroyed); wrap it again")
+        call = _Call(len(micro_batches))
+        for index, (replica, values) in enumerate(micro_batches):
+            self._to_load.put(_Item(call, index, replica, values))
+        try:
+            while not call.done.wait(POLL_S):
+                self._check_alive()
+        except BaseException as exc:
+            call.fail(exc)  # the pipeline skips what is left of this call
+            raise
+        if call.error is not None:
+            if isinstance(call.error, Error):
+                raise call.error
+            raise Error(str(call.error)) from call.error
+        return call.results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop and join the three threads; safe to call twice."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` has run."""
+        return not self._finalizer.alive
+
+    def _check_alive(self) -> None:
+        dead = [t.name for t in self._threads if not t.is_alive()]
+        if dead:
+            raise Error(f"the IO threads {dead} stopped; destroy the model and wrap it again")
+
+    # -- the threads ----------------------------------------------------------------------------
+
+    def _loop(self, phase: _Phase) -> None:
+        try:
+            set_worker_threads(phase.threads)  # See [Note: per-thread intra-op threads]
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+        finally:
+            self._ready.release()
+        while not self._stop.is_set():
+            item = phase.inbox.get()  # idle threads block here; close() sends STOP
+            if item is STOP:
+                return
+            for name, work in phase.work:
+                if item.call.error is not None:
+                    break
+                try:
+                    self._timed(name, item, work)
+                except BaseException as exc:  # reported to the item's caller, never raised here
+                    item.call.fail(_describe(self.ipu, name, item.index, exc))
+            if item.call.error is not None or phase.outbox is None:
+                item.values = None
+                item.call.finish_one()
+            elif not self._hand_over(phase.outbox, item):
+                return
+
+    def _hand_over(self, outbox: queue.Queue[_Item], item: _Item) -> bool:
+        while not self._stop.is_set():
+            try:
+                outbox.put(item, timeout=POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _timed(self, name: str, item: _Item, work: Callable[[_Item], None]) -> None:
+        if self.trace is None:
+            work(item)
+            return
+        with self.trace.span(
+            self.ipu, f"{name[0].upper()}{item.index}", name, mb=item.index, track=name
+        ):
+            work(item)
+
+    def _load(self, item: _Item) -> None:
+        item.values = self._map(item.values, lambda t: self._streams.load(t, item))
+
+    def _run_compute(self, item: _Item) -> None:
+        self._streams.before_compute(item)
+        with torch.no_grad():
+            item.values = self._compute(item.values, item.replica)
+        self._streams.after_compute(item)
+
+    def _store(self, item: _Item) -> None:
+        item.values = [
+            self._streams.store(v, item) if isinstance(v, torch.Tensor) else v for v in item.values
+        ]
+        self._streams.finish_store(item)
+        item.call.results[item.index] = item.values
+
+
+class _Streams:
+    """The copies themselves: plain copies on the CPU; pinned memory and side streams on CUDA."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.load_stream = torch.cuda.Stream(device)
+            self.store_stream = torch.cuda.Stream(device)
+
+    def load(self, host: torch.Tensor, item: _Item) -> torch.Tensor:
+        target = device_dtype(host.dtype)
+        host = host.detach()
+        if not self.cuda:
+            return torch.empty(host.shape, dtype=target, device=self.device).copy_(host)
+        pinned = torch.empty(host.shape, dtype=host.dtype, pin_memory=True).copy_(host)
+        with torch.cuda.stream(self.load_stream):
+            buffer = torch.empty(host.shape, dtype=target, device=self.device)
+            buffer.copy_(pinned, non_blocking=True)
+        buffer.record_stream(torch.cuda.default_stream(self.device))  # computed on there
+        return buffer
+
+    def before_compute(self, item: _Item) -> None:
+        if self.cuda:
+            loaded = torch.cuda.Event()
+            loaded.record(self.load_stream)
+            torch.cuda.current_stream(self.device).wait_event(loaded)
+
+    def after_compute(self, item: _Item) -> None:
+        if self.cuda:
+            computed = torch.cuda.Event()
+            computed.record(torch.cuda.current_stream(self.device))
+            item.events.append(computed)
+
+    def store(self, value: torch.Tensor, item: _Item) -> torch.Tensor:
+        target = _TO_HOST.get(value.dtype, value.dtype)
+        value = value.detach()
+        if not (self.cuda and value.is_cuda):
+            return torch.empty(value.shape, dtype=target).copy_(value)
+        host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+        with torch.cuda.stream(self.store_stream):
+            for event in item.events:
+                self.store_stream.wait_event(event)
+            value.record_stream(self.store_stream)
+            host.copy_(value, non_blocking=True)
+        return host  # converted in finish_store, once the copy landed
+
+    def finish_store(self, item: _Item) -> None:
+        if self.cuda:
+            self.store_stream.synchronize()
+            item.values = [
+                v.to(_TO_HOST.get(v.dtype, v.dtype)) if isinstance(v, torch.Tensor) else v
+                for v in item.values
+            ]
+
+
+def _describe(ipu: int, phase: str, index: int, exc: BaseException) -> BaseException:
+    """The caller's error: which phase of which of its micro-batches failed, chained from
+    ``exc`` (a staged program's own Error names the stage; its micro-batch count restarts at 0
+    for each micro-batch the compute phase runs)."""
+    error = Error(
+        f"IPU {ipu} failed in the {phase} of micro-batch {index} (overlapped IO): "
+        f"{type(exc).__name__}: {exc}"
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _shutdown(
+    stop: threading.Event,
+    inboxes: list[queue.Queue[Any]],
+    threads: list[threading.Thread],
+    trace: TraceRecorder | None,
+    report: str | None,
+) -> None:
+    stop.set()
+    for inbox in inboxes:
+        try:
+            inbox.put_nowait(STOP)
+        except queue.Full:
+            pass  # its thread is busy and sees ``stop`` after this item
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                logger.warning("%s did not stop within %.0f s", thread.name, JOIN_TIMEOUT_S)
+    if trace is not None and report is not None and trace.events:
+        write_report(trace, report)
+
+
+def write_report(trace: TraceRecorder, path: str) -> None:
+    """Write the trace (Chrome-trace JSON) and its utilisation plot beside it (``.png``)."""
+    written = trace.write(path)
+    plot = plot_utilisation(trace.events, written.with_suffix(".png"))
+    print(f"poptorch_sim: utilisation plot written to {plot}")

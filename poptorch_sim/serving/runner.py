@@ -1,0 +1,276 @@
+"""``Runner``: serves an ``inferenceModel`` to any number of threads, as PopRT's runner does.
+
+Callers put requests on a bounded queue; feeder threads take them in order, join as many as
+fit into one model call (waiting up to ``timeout_ns`` for the batch to fill, then padding it
+with zeros), call the model and hand each caller its own rows::
+
+    execute / execute_async ──► [bounded request queue] ──► feeder 0 ─┐
+                                                          ──► feeder 1 ─┼─► inferenceModel
+                                                          ──► feeder 2 ─┘   (IO tiles: load /
+    Future.result() ◄──────────── each request's rows ◄──────────────────    compute / store)
+
+One feeder gathers at a time (so batches fill in arrival order), and up to ``max_in_flight``
+model calls run at once: with IO tiles (overlapped IO) their micro-batches are loaded, computed
+and stored at the same time, three deep, which is why PopRT asks for at least three feeding
+threads; without IO tiles the model runs one call at a time.
+
+A request that fails in the model is retried alone, so its error reaches its caller only; the
+runner keeps serving the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from ..enums import OutputMode
+from ..errors import Error
+from ..executor.batching import check_batch
+from ..executor.executor import PoplarExecutor, _layout
+from ..logger import logger
+from .requests import Request, Signature, join, split
+
+__all__ = ["Runner", "RuntimeConfig"]
+
+POLL_S = 0.05  # how often an idle feeder re-checks for close()
+JOIN_TIMEOUT_S = 30.0
+
+
+@dataclass
+class RuntimeConfig:
+    """How a ``Runner`` queues and batches requests.
+
+    Attributes:
+        timeout_ns: how long a batch waits for more requests once its first one arrived, in
+            nanoseconds or a ``datetime.timedelta`` (PopRT's ``timeout_ns``, default 5 ms);
+            0 runs with whatever has arrived.
+        max_queue: requests that may wait; beyond it ``execute_async`` waits up to
+            ``submit_timeout_s`` for room, then raises.
+        max_in_flight: model calls that may run at once (feeder threads); 3 keeps a load /
+            compute / store pipeline full.
+        submit_timeout_s: how long a caller waits for room in a full queue.
+        micro_batch_size: rows per micro-batch; default the compiled model's, else the first
+            request's rows.
+    """
+
+    timeout_ns: int | datetime.timedelta = 5_000_000
+    max_queue: int = 64
+    max_in_flight: int = 3
+    submit_timeout_s: float = 10.0
+    micro_batch_size: int | None = None
+
+    def timeout_s(self) -> float:
+        """``timeout_ns`` in seconds."""
+        if isinstance(self.timeout_ns, datetime.timedelta):
+            return self.timeout_ns.total_seconds()
+        return self.timeout_ns / 1e9
+
+
+class Runner:
+    """Serve ``model`` (an ``inferenceModel``) to concurrent callers.
+
+    Args:
+        model: a ``poptorch.inferenceModel`` with ``OutputMode.All`` (the default) and no
+            input replica grouping.
+        config: queueing and batching (``RuntimeConfig()`` when omitted).
+
+    Raises:
+        Error: ``model`` is not an inference model, or its output mode is not All.
+
+    >>> with Runner(poptorch.inferenceModel(model)) as runner:  # doctest: +SKIP
+    ...     y = runner.execute(x)                         # any thread
+    ...     future = runner.execute_async(x)              # a concurrent.futures.Future
+    """
+
+    def __init__(self, model: PoplarExecutor, config: RuntimeConfig | None = None) -> None:
+        self.config = config = config or RuntimeConfig()
+        _check_model(model)
+        if config.max_queue < 1 or config.max_in_flight < 1:
+            raise Error(
+                f"max_queue and max_in_flight must be at least 1, got {config.max_queue} and "
+                f"{config.max_in_flight}"
+            )
+        self.model = model
+        self.slots = _layout(model.options, False).micro_batches
+        self._signature: Signature | None = None
+        self._sign_lock = threading.Lock()
+        self._requests: queue.Queue[Request] = queue.Queue(maxsize=config.max_queue)
+        self._carry: collections.deque[Request] = collections.deque()
+        self._gather_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._feeders = [
+            threading.Thread(target=self._feed, name=f"poptorch_sim feeder {i}", daemon=True)
+            for i in range(config.max_in_flight)
+        ]
+        for feeder in self._feeders:
+            feeder.start()
+
+    # -- callers ----------------------------------------------------------------------------------
+
+    def execute_async(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Queue one request (the arguments of ``model(...)``) and return its future.
+
+        The future's result is the model's output for the request's rows only.
+
+        Raises:
+            Error: the request does not fit the runner (bad rows, dtype, structure), the queue
+                stayed full for ``submit_timeout_s``, or the runner is closed.
+        """
+        if self._stop.is_set():
+            raise Error("this Runner is closed; create a new one")
+        bound = self.model._parser(args, kwargs)
+        request = Request(bound, self._signature_for(bound).check(bound))
+        try:
+            self._requests.put(request, timeout=self.config.submit_timeout_s)
+        except queue.Full:
+            raise Error(
+                f"the request queue is full ({self.config.max_queue} requests waiting for "
+                f"{self.config.submit_timeout_s} s): raise RuntimeConfig.max_queue or feed "
+                "fewer requests at once"
+            ) from None
+        return request.future
+
+    executeAsync = execute_async  # PopRT 1.1's name
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        """Run one request and wait for its outputs (thread-safe; blocks the caller).
+
+        Raises:
+            Error: as ``execute_async``; or whatever the model raised for this request.
+        """
+        return self.execute_async(*args, **kwargs).result()
+
+    def close(self) -> None:
+        """Finish the requests already taken, fail the waiting ones, join the feeders."""
+        self._stop.set()
+        for feeder in self._feeders:
+            if feeder is not threading.current_thread():
+                feeder.join(JOIN_TIMEOUT_S)
+                if feeder.is_alive():
+                    logger.warning("%s did not stop within %.0f s", feeder.name, JOIN_TIMEOUT_S)
+        left = list(self._carry)
+        while True:
+            try:
+                left.append(self._requests.get_nowait())
+            except queue.Empty:
+                break
+        for request in left:
+            if request.future.set_running_or_notify_cancel():
+                request.future.set_exception(
+                    Error("the Runner was closed before this request ran")
+                )
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _signature_for(self, bound: Any) -> Signature:
+        with self._sign_lock:
+            if self._signature is None:
+                mb = self.config.micro_batch_size or _compiled_micro_batch(self.model, self.slots)
+                self._signature = Signature(bound, mb, self.slots)
+            return self._signature
+
+    # -- feeders ----------------------------------------------------------------------------------
+
+    def _feed(self) -> None:
+        while not self._stop.is_set():
+            with self._gather_lock:
+                batch = self._gather()
+            if batch:
+                self._serve(batch)
+
+    def _next(self, timeout: float) -> Request | None:
+        if self._carry:
+            return self._carry.popleft()
+        try:
+            return (
+                self._requests.get(timeout=timeout) if timeout > 0 else self._requests.get_nowait()
+            )
+        except queue.Empty:
+            return None
+
+    def _gather(self) -> list[Request]:
+        """Requests for one model call, in arrival order (cancelled ones dropped)."""
+        first = self._next(POLL_S)
+        if first is None or not first.future.set_running_or_notify_cancel():
+            return []
+        batch, used = [first], first.slots
+        deadline = _now() + self.config.timeout_s()
+        while used < self.slots:
+            request = self._next(max(0.0, deadline - _now()))
+            if request is None:
+                break
+            if request.slots > self.slots - used:
+                self._carry.appendleft(request)  # first in the next batch
+                break
+            if request.future.set_running_or_notify_cancel():
+                batch.append(request)
+                used += request.slots
+        return batch
+
+    def _serve(self, batch: list[Request]) -> None:
+        try:
+            shares = self._call(batch)
+        except BaseException as exc:
+            if len(batch) == 1:
+                batch[0].future.set_exception(exc)
+            else:  # find whose request failed: each alone
+                for request in batch:
+                    self._serve_alone(request)
+            return
+        for request, share in zip(batch, shares):
+            request.future.set_result(share)
+
+    def _serve_alone(self, request: Request) -> None:
+        try:
+            share = self._call([request])[0]
+        except BaseException as exc:
+            request.future.set_exception(exc)
+            return
+        request.future.set_result(share)
+
+    def _call(self, batch: list[Request]) -> list[Any]:
+        assert self._signature is not None
+        joined = join(batch, self._signature)
+        return split(self.model(*joined.args, **joined.kwargs), batch, self.slots)
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, PoplarExecutor) or model._training:
+        raise Error(
+            f"Runner serves a poptorch.inferenceModel, got {type(model).__name__}"
+            + (" (a trainingModel)" if isinstance(model, PoplarExecutor) else "")
+        )
+    options = model.options
+    if OutputMode(options.output_mode) != OutputMode.All:
+        raise Error(
+            f"Runner needs OutputMode.All to hand each request its rows; the model has "
+            f"{OutputMode(options.output_mode).name}: leave the output mode at its default"
+        )
+    if options.input_group_size != 1:
+        raise Error(
+            "Runner does not support inputReplicaGrouping (replicas sharing inputs): got "
+            f"input_group_size={options.input_group_size}"
+        )
+
+
+def _compiled_micro_batch(model: PoplarExecutor, slots: int) -> int | None:
+    exe = model._executable
+    if exe is None:
+        return None
+    check_batch(exe.inputs, exe.layout)
+    tensors = exe.inputs.tensors()
+    return int(tensors[0].shape[0]) // slots if tensors and tensors[0].dim() else None
