@@ -17,6 +17,7 @@ from torch.utils import _pytree as pytree
 
 from .. import env
 from ..compiler import TraceFailure
+from ..distributed import synchronize_weights
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
 from ..hardware import ipuHardwareIsAvailable
@@ -155,6 +156,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         layout = _layout(self._options, self._training)
         check_batch(bound, layout)
         bar.update(10)
+        if self._training:
+            synchronize_weights(self._user_model, self._options)
         device = DeviceCopy(self._user_model)
         _check_updatable_buffers(self._options, device.model)
         if (
