@@ -118,6 +118,7 @@ def run_train(out_dir: str) -> None:
         ),
     }  # fmt: skip
     piped = Piped()
+    result["piped_start"] = {k: v.clone() for k, v in piped.state_dict().items()}
     result["piped"] = train(
         piped, piped_options(), poptorch.optim.AdamW(piped.parameters(), lr=0.01), shuffle=True
     )
@@ -131,7 +132,7 @@ def run_die() -> None:
     model = Plain()
     opts = plain_options()
     training = poptorch.trainingModel(
-        model, opts, optimizer=poptorch.optim.SGD(model.parameters())
+        model, opts, optimizer=poptorch.optim.SGD(model.parameters(), lr=0.01)
     )
     rows = MICRO_BATCH * 2 * 2 * popdist.getNumLocalReplicas()
     x, y = torch.randn(rows, FEATURES), torch.randn(rows, OUTPUTS)
