@@ -1,19 +1,22 @@
-"""A PopRun-style program the distributed tests start as several processes (not a test module).
+r"""A PopRun-style program the distributed tests start as several processes (not a test module).
 
     python -m poptorch_sim.poprun --num-instances 2 --num-replicas 4 --ipus-per-replica 2 \
-        tests/distributed_program.py train OUT_DIR
+        tests/distributed_program.py train OUT_DIR [MNIST_DIR]
     ... distributed_program.py die       # instance 1 kills itself after its first step
-    ... distributed_program.py join      # only joins the process group
 
 ``train`` writes ``OUT_DIR/instance<i>.pt``: popdist's answers, the dataset rows each model call
-read, and the weights after training, for the test to compare with one process.
+read, and the weights after training, for the test to compare with one process. Given
+``MNIST_DIR``, it then runs the pipelining tutorial's ``main`` in the same instances (tiny
+settings), which saves the test suite a second launch.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -22,6 +25,15 @@ import popdist
 import popdist.poptorch
 import poptorch
 
+TUTORIAL = (
+    Path(__file__).resolve().parent.parent / "tutorials" / "pipelining" / "mnist_pipeline.py"
+)
+# The tutorial's flags for a quick run: 2 training calls and 1 test call per instance.
+TUTORIAL_FLAGS = [
+    "--epochs", "1", "--batch-size", "8", "--device-iterations", "2",
+    "--gradient-accumulation", "8", "--test-batch-size", "8",
+    "--max-train-samples", "512", "--max-test-samples", "256",
+]  # fmt: skip
 ROWS, FEATURES, OUTPUTS = 80, 6, 3
 MICRO_BATCH = 2
 SHUFFLE_SEED = 7
@@ -126,6 +138,15 @@ def run_train(out_dir: str) -> None:
     popdist.execute_on_instances({index}, torch.save, result, path)
 
 
+def run_tutorial(mnist_dir: str) -> None:
+    """The pipelining tutorial's ``main``, as ``python mnist_pipeline.py`` would run it."""
+    spec = importlib.util.spec_from_file_location("mnist_pipeline", TUTORIAL)
+    assert spec is not None and spec.loader is not None
+    tutorial = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tutorial)
+    tutorial.main([*TUTORIAL_FLAGS, "--data-dir", mnist_dir])
+
+
 def run_die() -> None:
     popdist.init()
     torch.manual_seed(0)
@@ -147,9 +168,9 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "train":
         run_train(sys.argv[2])
+        if len(sys.argv) > 3:
+            run_tutorial(sys.argv[3])
     elif mode == "die":
         run_die()
-    elif mode == "join":
-        popdist.init()
     else:
         raise SystemExit(f"unknown mode {mode!r}")

@@ -58,14 +58,22 @@ def _poprun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 # ---- two instances train as one process with the same global replication ----------------------
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One launch of 2 instances: the training runs, then the tutorial (output tagged)."""
     out = tmp_path_factory.mktemp("instances")
+    data = out / "mnist"
+    write_standin(data, num_train=512, num_test=256, variants=2)
     proc = _poprun(
         "--num-instances", "2", "--num-replicas", "4", "--ipus-per-replica", "2",
-        str(PROGRAM), "train", str(out), cwd=out,
+        "--tag-output", str(PROGRAM), "train", str(out), str(data), cwd=out,
     )  # fmt: skip
     assert "torchrun --nnodes 2 --nproc-per-node 1" in proc.stderr  # the several-hosts hint
-    return [torch.load(out / f"instance{i}.pt") for i in range(2)]
+    return out, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def trained(launched: tuple[Path, str]) -> list[dict[str, Any]]:
+    return [torch.load(launched[0] / f"instance{i}.pt") for i in range(2)]
 
 
 def test_popdist_answers_under_the_launcher(trained: list[dict[str, Any]]) -> None:
@@ -202,17 +210,21 @@ def test_a_killed_peer_ends_the_other_process_with_a_named_error(tmp_path: Path)
 
 
 # ---- the MNIST pipelining tutorial under the launcher -------------------------------------------
-def test_pipelining_tutorial_runs_under_the_launcher_with_two_instances(tmp_path: Path) -> None:
+def test_pipelining_tutorial_runs_in_two_instances(launched: tuple[Path, str]) -> None:
+    stdout = launched[1]
+    for rank in range(2):
+        assert f"[1,{rank}]<stdio>:Training..." in stdout
+        lines = [line for line in stdout.splitlines()
+                 if line.startswith(f"[1,{rank}]<stdio>:Accuracy on test set:")]  # fmt: skip
+        assert len(lines) == 1, stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_pipelining_tutorial_is_the_launched_program(tmp_path: Path) -> None:
     data = tmp_path / "mnist"
     write_standin(data, num_train=512, num_test=256, variants=2)
     proc = _poprun(
-        "--num-instances", "2", "--num-replicas", "2", "--tag-output", str(PIPELINE),
-        "--epochs", "1", "--batch-size", "8", "--device-iterations", "2",
-        "--gradient-accumulation", "8", "--test-batch-size", "8",
-        "--data-dir", str(data), cwd=tmp_path,
+        "--num-instances", "2", "--num-replicas", "2", "--only-output-from-instance", "1",
+        str(PIPELINE), *program.TUTORIAL_FLAGS, "--data-dir", str(data), cwd=tmp_path,
     )  # fmt: skip
-    for rank in range(2):
-        assert f"[1,{rank}]<stdio>:Training..." in proc.stdout
-        lines = [line for line in proc.stdout.splitlines()
-                 if line.startswith(f"[1,{rank}]<stdio>:Accuracy on test set:")]  # fmt: skip
-        assert len(lines) == 1, proc.stdout[-3000:]
+    assert "Accuracy on test set:" in proc.stdout
