@@ -125,3 +125,6 @@ def execute_on_instances(
                 f"barrier after execute_on_instances({sorted(chosen)}): {exc}"
             ) from exc
     return result
+
+
+from . import poptorch  # noqa: E402, F401  (popdist.poptorch.Options after `import popdist`)

@@ -10,6 +10,14 @@ starts the instances on this host through torch's elastic launcher (what ``torch
 The executor reaches this package through two hooks, both no-ops for one process:
 ``reducer_for(options)`` when it builds the trainer and ``synchronize_weights(model, options)``
 when it compiles a training model.
+
+Simulated: on IPUs the gradients cross instances on the device (GCL over IPU-Links); here they
+cross on the host, through torch.distributed (gloo for CPU tensors, NCCL for CUDA ones).
+PopTorch does not broadcast weights (programs seed alike or call ``hvd.broadcast_parameters``);
+here a training model takes process 0's weights when it is compiled, so every process starts
+alike either way. ``ReductionType.Mean`` divides by the *global* count of micro-batches
+(GA x local replicas x processes), so P processes of R replicas train exactly as one process of
+P x R replicas; PopTorch's documentation does not say which count it divides by.
 """
 
 from __future__ import annotations
