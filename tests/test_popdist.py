@@ -245,3 +245,66 @@ def test_a_peer_that_never_arrives_ends_init_with_a_named_error(
     assert "process 0 of 2: the other processes did not all join" in str(outcome[0])
     assert "POPTORCH_SIM_DIST_TIMEOUT" in str(outcome[0])
     assert time.monotonic() - start >= 2.0  # it did wait for the peer
+
+
+class _IdenticalPeer:
+    """A stand-in for one more process whose gradients equal ours: all-reduce doubles them."""
+
+    world_size = 2
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def all_reduce(self, params: list[torch.nn.Parameter]) -> None:
+        self.calls += 1
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(2)
+
+
+@pytest.mark.parametrize("reduction", ["Mean", "Sum"])
+@pytest.mark.parametrize("pipelined", [False, True], ids=["one-ipu", "pipelined"])
+def test_step_reduces_over_processes_and_mean_divides_by_global_replicas(
+    monkeypatch: pytest.MonkeyPatch, reduction: str, pipelined: bool
+) -> None:
+    peer = _IdenticalPeer()
+    monkeypatch.setattr("poptorch_sim.executor.training.reducer_for", lambda options: peer)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.b(torch.relu(self.a(x)))
+            return out, torch.nn.functional.mse_loss(out, y)
+
+    net = Net()
+    eager = Net()
+    eager.load_state_dict(net.state_dict())
+    opts = poptorch.Options().replicationFactor(2)
+    opts.Training.gradientAccumulation(4)
+    opts.Training.accumulationAndReplicationReductionType(
+        getattr(poptorch.ReductionType, reduction)
+    )
+    if pipelined:
+        net.a = poptorch.BeginBlock(net.a, "B1", ipu_id=0)
+        net.b = poptorch.BeginBlock(net.b, "B2", ipu_id=1)
+        opts.setExecutionStrategy(poptorch.PipelinedExecution())
+    model = poptorch.trainingModel(
+        net, opts, optimizer=poptorch.optim.SGD(net.parameters(), lr=0.1)
+    )
+    x, y = torch.randn(16, 4), torch.randn(16, 2)
+    model(x, y)
+    model.detachFromDevice()
+    assert peer.calls == 1
+    staged = type(model._executable.program).__name__ == "StagedRunner"
+    assert staged == pipelined  # two stages on two IPU threads, or one program
+    # Mean over the global 2 x 2 x 4 micro-batches, of which the peer's equal ours, is our mean;
+    # Sum counts every micro-batch twice.
+    lr = 0.1 if reduction == "Mean" else 0.2
+    from oracle import train_reference
+
+    train_reference(eager, torch.optim.SGD(eager.parameters(), lr=lr), (x, y), 1, 4, 2,
+                    mean=reduction == "Mean")  # fmt: skip
+    torch.testing.assert_close(net.state_dict(), eager.state_dict())
