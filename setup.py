@@ -41,7 +41,7 @@ setup(
     version="3.4.0",
     description="Graphcore PopTorch's API on ordinary CPUs and GPUs",
     packages=find_packages(
-        include=["poptorch_sim", "poptorch_sim.*", "poptorch", "poptorch.*", "popart"]
+        include=["poptorch_sim", "poptorch_sim.*", "poptorch", "poptorch.*", "popart", "popdist"]
     ),
     package_data={"poptorch_sim": ["py.typed"]},
     python_requires=">=3.10",

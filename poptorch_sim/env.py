@@ -9,6 +9,7 @@ from typing import Any
 __all__ = [
     "cache_dir",
     "default_options_json",
+    "dist_timeout",
     "engine_options",
     "log_level",
     "num_ipus",
@@ -59,6 +60,26 @@ def threads_per_ipu() -> int | None:
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"POPTORCH_SIM_THREADS_PER_IPU must be a positive integer, got {raw!r}")
     return int(raw)
+
+
+def dist_timeout() -> float:
+    """``POPTORCH_SIM_DIST_TIMEOUT``: seconds any wait on other processes may take (default 300).
+
+    Bounds joining the process group, every gradient all-reduce and every barrier, so a peer
+    that died or never started ends the run with an error instead of a hang.
+    """
+    raw = _get("POPTORCH_SIM_DIST_TIMEOUT")
+    if raw is None:
+        return 300.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(
+            f"POPTORCH_SIM_DIST_TIMEOUT must be a positive number of seconds, got {raw!r}"
+        )
+    return value
 
 
 def default_options_json() -> str | None:

@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 from .. import env
 from ..compiler import TraceFailure
 from ..compiler.overlap import check_overlapped_io, num_io_tiles
+from ..distributed import synchronize_weights
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
 from ..hardware import ipuHardwareIsAvailable
@@ -187,6 +188,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         check_batch(bound, layout)
         overlap_marks()  # forget marks left by eager runs of forward
         bar.update(10)
+        if self._training:
+            synchronize_weights(self._user_model, self._options)
         device = DeviceCopy(self._model_snapshot)
         _check_updatable_buffers(self._options, device.model)
         if (

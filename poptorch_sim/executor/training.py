@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..distributed import GradientReducer, reducer_for
 from ..enums import ConnectionType, ReductionType
 from ..errors import Error
 from ..kernels import FusedOptimizer
@@ -59,6 +60,8 @@ class DeviceTrainer:
         micro_batches_per_step: ``GA × R``.
         reduction: Mean or Sum over those micro-batches.
         off_chip: keep the optimizer state off chip, streamed in chunks during the update.
+        reducer: sums the gradients over the processes before each step (None: one process;
+            see [Note: replicas across processes] in ``distributed/allreduce.py``).
     """
 
     def __init__(
@@ -69,8 +72,12 @@ class DeviceTrainer:
         micro_batches_per_step: int,
         reduction: ReductionType,
         off_chip: bool = False,
+        reducer: GradientReducer | None = None,
     ) -> None:
         self.snapshot = snap
+        self.reducer = reducer
+        # Mean divides by the global count of micro-batches: GA x replicas x processes.
+        micro_batches_per_step *= reducer.world_size if reducer is not None else 1
         self.params = params
         self.names = names
         self.param_names = [names[id(p)] for p in params]
@@ -129,7 +136,7 @@ class DeviceTrainer:
 
         See [Note: per-stage optimizer steps].
         """
-        if not self.fused:
+        if not self.fused or self.reducer is not None:
             return None
         users: dict[int, set[int]] = {}
         for spec in program.stages:
@@ -155,6 +162,12 @@ class DeviceTrainer:
 
         Parameters that a stage step already updated hold no gradient any more and are skipped.
         """
+        if self.reducer is not None:
+            start = time.perf_counter_ns()
+            self.reducer.all_reduce(self.params)
+            if self.trace is not None:
+                name = f"all-reduce over {self.reducer.world_size} processes"
+                self.trace.record(0, name, "step", start, time.perf_counter_ns())
         self._apply(self.params, 0)
         self.steps += 1
         self._record("UpdatedVar___", lambda p: p.detach().clone())
@@ -243,6 +256,7 @@ class OptimizerMixin:
             layout.gradient_accumulation * layout.replicas,
             self._options.Training.accumulation_and_replication_reduction_type,
             off_chip=self._options.optimizer_off_chip,
+            reducer=reducer_for(self._options),
         )
         trainer.wanted = {v[0] for v in self._options.anchored_tensors.values()}
         return trainer

@@ -61,6 +61,9 @@ def make_loaders(
     # One training call consumes batch x device iterations x gradient accumulation samples
     # (40 x 10 x 10 = 4000 by default), whatever the execution strategy.
     train_opts = poptorch.Options()
+    # Under PopRun each process shuffles the whole data set and reads its own block of it,
+    # so every process must draw the same permutation: the seed says which.
+    train_opts.randomSeed(0)
     train_opts.deviceIterations(args.device_iterations)
     train_opts.Training.gradientAccumulation(args.gradient_accumulation)
     training_data = poptorch.DataLoader(
@@ -73,6 +76,7 @@ def make_loaders(
     )
     # Inference has no gradient accumulation: run as many micro-batches per call as training.
     test_opts = poptorch.Options()
+    test_opts.randomSeed(0)
     test_opts.deviceIterations(args.device_iterations * args.gradient_accumulation)
     test_data = poptorch.DataLoader(
         test_opts,

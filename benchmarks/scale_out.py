@@ -1,0 +1,151 @@
+"""Scale-out over processes: samples/s for 1 and 2 instances, and bytes all-reduced per step.
+
+Each instance trains the same MLP (``layers`` Linear+ReLU of width ``width``, MSE loss) with one
+local replica, ``--ga`` micro-batches of ``--mb`` rows per step and one intra-op thread per IPU worker
+(``OMP_NUM_THREADS=1``, ``POPTORCH_SIM_THREADS_PER_IPU=1``). The instances are started by
+``python -m poptorch_sim.poprun``; each replica does the same work per step, so 2 replicas do
+twice the work of one and ``samples/s`` counts the samples of all replicas and instances.
+
+Rows: 1 instance with 1 replica (the baseline), 1 instance with 2 replicas (worker threads in
+one process, no all-reduce), 2 instances with 1 replica each (processes, one all-reduce per
+step). The last column is samples/s over the baseline's, measured in the same run (ideal 2.0 on
+two idle cores). ``all-reduce`` is the median wall time of the cross-process
+gradient all-reduce per step (including any wait for the other process to reach the step),
+``bytes/step`` what one process sends into it (its fp32
+gradients: equal to the model's parameter bytes, as the table shows), for a few model sizes.
+
+Run: ``python benchmarks/scale_out.py [--quick]`` (writes nothing; prints two tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _model(width: int, layers: int):  # type: ignore[no-untyped-def]
+    import torch
+    from torch import nn
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(
+                *[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())]
+            )
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor):  # type: ignore[no-untyped-def]
+            out = self.body(x)
+            return out, nn.functional.mse_loss(out, y)
+
+    return MLP()
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One instance: time ``--calls`` training calls; instance 0 writes the figures."""
+    import torch
+
+    import popdist
+    import popdist.poptorch
+    import poptorch
+
+    popdist.init()
+    torch.manual_seed(0)
+    model = _model(args.width, args.layers)
+    opts = popdist.poptorch.Options()
+    opts.Training.gradientAccumulation(args.ga)
+    training = poptorch.trainingModel(
+        model, opts, optimizer=poptorch.optim.SGD(model.parameters(), lr=1e-3)
+    )
+    rows = args.mb * args.ga * popdist.getNumLocalReplicas()
+    x, y = torch.randn(rows, args.width), torch.randn(rows, args.width)
+    training(x, y)  # compile + warm-up
+    reducer = training._executable.trainer.reducer
+    times, reduce_times = [], []
+    for _ in range(args.calls):
+        before = reducer.seconds if reducer is not None else 0.0
+        start = time.perf_counter()
+        training(x, y)
+        times.append(time.perf_counter() - start)
+        reduce_times.append((reducer.seconds if reducer is not None else 0.0) - before)
+    if popdist.getInstanceIndex() == 0:
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "instances": popdist.getNumInstances(),
+                    "call_s": statistics.median(times),
+                    "samples_per_call": rows * popdist.getNumInstances(),
+                    "allreduce_s": statistics.median(reduce_times),
+                    "bytes_per_step": reducer.bytes_per_step if reducer is not None else 0,
+                    "model_bytes": params,
+                }
+            )
+        )
+
+
+def launch(instances: int, replicas: int, args: argparse.Namespace, width: int) -> dict:
+    """Run the worker under the launcher (``replicas`` in all); return instance 0's figures."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [
+            sys.executable, "-m", "poptorch_sim.poprun", "--num-instances", str(instances),
+            "--num-replicas", str(replicas), __file__, "--worker", "--out", str(out),
+            "--width", str(width), "--layers", str(args.layers), "--mb", str(args.mb),
+            "--ga", str(args.ga), "--calls", str(args.calls),
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "POPTORCH_SIM_THREADS_PER_IPU": "1"}
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=600)
+        return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--quick", action="store_true", help="fewer calls, fewer model sizes")
+    add("--worker", action="store_true", help=argparse.SUPPRESS)
+    add("--out", default="", help=argparse.SUPPRESS)
+    add("--width", type=int, default=512, help="MLP width (default 512)")
+    add("--layers", type=int, default=4, help="Linear layers (default 4)")
+    add("--mb", type=int, default=32, help="micro-batch rows (default 32)")
+    add("--ga", type=int, default=8, help="gradient accumulation (default 8)")
+    add("--calls", type=int, default=20, help="timed calls (default 20)")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.quick:
+        args.calls = 6
+
+    print(f"MLP {args.layers} x {args.width}, mb {args.mb}, GA {args.ga}, 1 replica/instance")
+    print("| instances | replicas (global) | samples/s (median call) | vs 1 instance, 1 replica |")
+    print("|---|---|---|---|")
+    base = None
+    for n, replicas in ((1, 1), (1, 2), (2, 2)):
+        r = launch(n, replicas, args, args.width)
+        rate = r["samples_per_call"] / r["call_s"]
+        base = base or rate
+        print(f"| {n} | {replicas} | {rate:,.0f} | {rate / base:.2f}x |")
+
+    print("\n| model (width) | parameter bytes | bytes all-reduced/step/process | all-reduce ms |")
+    print("|---|---|---|---|")
+    for width in (128, 512) if args.quick else (128, 512, 1024):
+        r = launch(2, 2, args, width)
+        print(
+            f"| {args.layers} x {width} | {r['model_bytes']:,} | {r['bytes_per_step']:,} | "
+            f"{1e3 * r['allreduce_s']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
