@@ -5,8 +5,8 @@ median wall time of three runs, the time of the histogram step alone (``pack_his
 the packing efficiency, for two length distributions:
 
 * ``poprt``: PopRT's synthetic SQuAD lengths, N(128, 128) rounded and clipped to 1..256;
-* ``wikipedia``: lengths drawn from the published Wikipedia pre-training histogram (max 512,
-  tests/published_histograms.py).
+* ``wikipedia``: lengths drawn from the published Wikipedia pre-training histogram (max 512),
+  only with ``--histogram FILE`` (512 counts, one per line; the project does not ship it).
 
 Part 2 answers the same requests with one randomly initialised BERT for question answering in
 the tutorial's three modes (tutorials/packing/packed_bert.py): padded to ``max_seq_len``, packed
@@ -15,7 +15,7 @@ rows per ``inferenceModel`` call. ``speed-up`` is samples/s over the padded run'
 same process; ``ideal`` is ``max_seq_len / mean length``, and the issue's target for the offline
 pack is 0.8 × ideal. Outputs of the three modes are compared (mean |difference|).
 
-Run: ``python benchmarks/packing.py [--quick]`` (transformers needed for part 2).
+Run: ``python benchmarks/packing.py [--quick] [--histogram FILE]`` (transformers needed for part 2).
 """
 
 from __future__ import annotations
@@ -32,11 +32,17 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
-sys.path.insert(0, str(ROOT / "tests"))  # the published histogram
 sys.path.insert(0, str(ROOT / "tutorials" / "packing"))  # the experiment's three modes
-from published_histograms import WIKIPEDIA_512  # noqa: E402
 
 from poptorch_sim.packing import pack_histogram, pack_lengths, packing_efficiency  # noqa: E402
+
+# Counts of lengths 1..512 from ``--histogram``; without it there are no ``wikipedia`` rows.
+WIKIPEDIA_512: np.ndarray | None = None
+
+
+def distributions() -> list[str]:
+    """The length distributions this run measures."""
+    return ["poprt"] if WIKIPEDIA_512 is None else ["poprt", "wikipedia"]
 
 
 def lengths_of(distribution: str, n: int, seed: int = 0) -> tuple[np.ndarray, int]:
@@ -44,14 +50,15 @@ def lengths_of(distribution: str, n: int, seed: int = 0) -> tuple[np.ndarray, in
     rng = np.random.default_rng(seed)
     if distribution == "poprt":
         return np.clip(rng.normal(128, 128, n).round(), 1, 256).astype(np.int64), 256
-    weights = np.array(WIKIPEDIA_512, dtype=np.float64)
+    assert WIKIPEDIA_512 is not None
+    weights = WIKIPEDIA_512.astype(np.float64)
     return rng.choice(np.arange(1, 513), size=n, p=weights / weights.sum()), 512
 
 
 def packing_times(n: int, repeats: int) -> list[str]:
     """Markdown rows: time to pack ``n`` sequences, per distribution and algorithm."""
     rows = []
-    for distribution in ("poprt", "wikipedia"):
+    for distribution in distributions():
         lengths, max_len = lengths_of(distribution, n)
         histogram = np.bincount(lengths, minlength=max_len + 1)[1:]
         for algorithm in ("spfhp", "lpfhp"):
@@ -113,7 +120,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--intra-op-threads", type=int, default=1)
+    parser.add_argument(
+        "--histogram", type=Path, help="Wikipedia length histogram: 512 counts, one per line"
+    )
     args = parser.parse_args()
+    if args.histogram is not None:
+        global WIKIPEDIA_512
+        WIKIPEDIA_512 = np.loadtxt(args.histogram, dtype=np.int64)
     # One setting for every mode; see the tutorial's note on busy machines.
     torch.set_num_threads(args.intra_op_threads)
     n = 100_000 if args.quick else 1_000_000
@@ -128,8 +141,9 @@ def main() -> None:
         "| lengths | mode | samples/s | speed-up | ideal | latency ms | mean abs diff vs padded |"
     )
     print("|---|---|---|---|---|---|---|")
-    sizes = [("poprt", 160 if args.quick else 800), ("wikipedia", 64 if args.quick else 320)]
-    for distribution, count in sizes:
+    counts = {"poprt": 160 if args.quick else 800, "wikipedia": 64 if args.quick else 320}
+    for distribution in distributions():
+        count = counts[distribution]
         for row in throughput(distribution, count, hidden=64 if args.quick else 128, layers=2):
             print(row, flush=True)
     print(
