@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import io
 
 import pytest
@@ -131,6 +132,20 @@ def test_destroy_unwraps_and_allows_rewrapping() -> None:
     assert type(model.lin.weight) is nn.Parameter
     again = _train(model)
     assert again.isCompiled()
+
+
+def test_a_model_stays_wrapped_after_its_executor_is_dropped() -> None:
+    # PopTorch checks the model's class, not the executor: re-wrapping needs model.destroy().
+    model = Net()
+    training = _train(model)
+    del training
+    gc.collect()
+    assert weights.is_wrapped(model)
+    with pytest.raises(RuntimeError, match=r"Call model.destroy\(\) on the model"):
+        poptorch.trainingModel(model)
+    model.destroy()
+    assert type(model) is Net and type(model.lin.weight) is nn.Parameter
+    assert _train(model).isCompiled()
 
 
 def test_per_replica_buffers_without_broadcast() -> None:
