@@ -194,3 +194,26 @@ def test_weight_norm_model_is_copied_and_trained_like_eager() -> None:
         optimizer.step()
     assert not torch.equal(ours["fc.weight_v"], eager["fc.weight_v"])
     torch.testing.assert_close(ours, model.state_dict())
+
+
+def test_unwrap_and_rewrap_model_if_necessary() -> None:
+    # optimum-graphcore unwraps a training-wrapped model's tensors around deep copies and saves.
+    model = Net()
+    training = _train(model)
+    device_weight = training._executable.device.model.lin.weight.detach().clone()
+    poptorch._impl.unwrapModelIfNecessary(model)
+    assert type(model.lin.weight) is nn.Parameter and weights.is_wrapped(model)
+    torch.testing.assert_close(model.lin.weight.detach(), device_weight)  # synced first
+    copied = copy.deepcopy(model.lin)
+    torch.testing.assert_close(copied.weight.detach(), device_weight)
+    poptorch._impl.rewrapModelIfNecessary(model)
+    assert weights.is_wrapped(model.lin.weight)
+    training(torch.randn(4, 3), torch.randn(4, 2))
+    assert training._dirty_host_weights
+    torch.testing.assert_close(  # the next host access syncs again
+        model.lin.weight.detach(), training._executable.device.model.lin.weight.detach()
+    )
+    plain = Net()
+    poptorch._impl.unwrapModelIfNecessary(plain)  # not wrapped: nothing to do
+    poptorch._impl.rewrapModelIfNecessary(plain)
+    assert type(plain.lin.weight) is nn.Parameter

@@ -28,7 +28,14 @@ from .device_tree import device_tree
 from .precision import weights_follow_activations
 from .rebind import rebind_to_copies
 
-__all__ = ["DeviceCopy", "HostSync", "is_wrapped", "owner_of", "unwrap_tree"]
+__all__ = [
+    "DeviceCopy",
+    "HostSync",
+    "is_wrapped",
+    "owner_of",
+    "set_tensors_wrapped",
+    "unwrap_tree",
+]
 
 _OWNER_ATTR = "_poptorch_sim_owner"
 _state = threading.local()
@@ -161,9 +168,26 @@ def _unwrapped_class(cls: type) -> type:
 def unwrap_tree(model: nn.Module) -> None:
     """Restore the user's classes on ``model``, its submodules, parameters and buffers."""
     for obj in list(_objects(model)):
-        if obj is not None and is_wrapped(obj):
+        if obj is not None:
             obj.__dict__.pop(_OWNER_ATTR, None)
-            obj.__class__ = _unwrapped_class(type(obj))
+            if is_wrapped(obj):
+                obj.__class__ = _unwrapped_class(type(obj))
+
+
+def set_tensors_wrapped(model: nn.Module, wrapped: bool) -> None:
+    """Take off (``wrapped=False``) or put back the host-sync classes of ``model``'s parameters
+    and buffers, leaving the modules and the owning executor as they are.
+
+    Taking them off first brings the host weights up to date, as any access would.
+    """
+    tensors = list(model.buffers()) + list(model.parameters())  # syncs a training model
+    for t in tensors:
+        if _OWNER_ATTR not in t.__dict__:
+            continue
+        if wrapped and not is_wrapped(t):
+            t.__class__ = _wrapped_class(type(t))
+        elif not wrapped and is_wrapped(t):
+            t.__class__ = _unwrapped_class(type(t))
 
 
 def is_wrapped(obj: object) -> bool:
