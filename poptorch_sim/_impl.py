@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import nn
+
 from .errors import createPoptorchError
+from .executor.weights import set_tensors_wrapped
 from .ipu_context import isRunningOnIpu
 
 __all__ = [
@@ -12,6 +15,8 @@ __all__ = [
     "isDispatchTracing",
     "isRunningOnIpu",
     "_restoreWrapperIfNecessary",
+    "rewrapModelIfNecessary",
+    "unwrapModelIfNecessary",
 ]
 
 
@@ -34,3 +39,27 @@ def _restoreWrapperIfNecessary(obj: Any) -> Any:
     user's own classes and plain tensors, so there is nothing to restore.
     """
     return obj
+
+
+def unwrapModelIfNecessary(model: nn.Module) -> None:
+    """Give a training-wrapped model's parameters and buffers back their own classes.
+
+    Libraries (optimum-graphcore) call it before deep-copying or saving a model that a
+    ``trainingModel`` wraps, and ``rewrapModelIfNecessary`` afterwards. The host weights are
+    brought up to date first. A model that is not wrapped is left as it is.
+
+    Args:
+        model: the user's model.
+
+    >>> unwrapModelIfNecessary(torch.nn.Linear(2, 2))  # doctest: +SKIP
+    """
+    set_tensors_wrapped(model, wrapped=False)
+
+
+def rewrapModelIfNecessary(model: nn.Module) -> None:
+    """Undo ``unwrapModelIfNecessary``: the parameters and buffers sync with the device again.
+
+    Args:
+        model: the user's model.
+    """
+    set_tensors_wrapped(model, wrapped=True)

@@ -598,6 +598,18 @@ def test_dropping_an_async_loader_stops_its_thread() -> None:
     assert leaks.settled() == ([], [])
 
 
+def test_a_loop_over_a_temporary_async_loader_sees_every_batch() -> None:
+    # The loader is a temporary: only the loop's iterator keeps it (and its thread) alive.
+    leaks = Leaks()
+    got = [
+        batch[1].tolist() for batch in DataLoader(make_options(), tensor_dataset(8), mode=Async)
+    ]
+    expected = [batch[1].tolist() for batch in DataLoader(make_options(), tensor_dataset(8))]
+    assert got == expected and len(got) == 8
+    gc.collect()
+    assert leaks.settled() == ([], [])
+
+
 # ---- worker cap (footgun: differs from PopTorch) -------------------------------------------
 def test_num_workers_is_capped_at_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     said: list[str] = []

@@ -818,6 +818,32 @@ def test_export_state_names_and_values_before_any_step():
     assert_close(ipu_param["beta2___specific___2.bias"], torch.tensor(0.999))
 
 
+def test_sgd_with_momentum_has_a_velocity_before_its_first_step():
+    model = _model()
+    snap = snapshot(SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5))
+    params = _clone_params(model)
+    device = device_optimizer(snap, params)
+    ipu_state, _ = export_state(device, snap, _names(model))
+    assert set(ipu_state) == {f"Accl1___{n}" for n in _names(model)}
+    assert all(not v.any() for v in ipu_state.values())
+    # Written back unchanged, the zero velocity leaves the first step as eager torch's.
+    import_state(device, snap, _names(model), ipu_state, None)
+    eager_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    eager = torch.optim.SGD(eager_params, lr=0.1, momentum=0.9, dampening=0.5)
+    for _ in range(2):
+        grads = [torch.randn_like(p) for p in params]
+        _set_grads(params, grads)
+        _set_grads(eager_params, grads)
+        device.step()
+        eager.step()
+    assert_close(params, eager_params)
+    # A velocity written before the first step is the one the first step uses.
+    fresh = device_optimizer(snap, _clone_params(model))
+    velocity = {k: torch.ones_like(v) for k, v in ipu_state.items()}
+    import_state(fresh, snap, _names(model), velocity, None)
+    assert_close(export_state(fresh, snap, _names(model))[0], velocity)
+
+
 RESUME_CASES = [
     ("sgd-momentum", lambda p: SGD(p, lr=0.1, momentum=0.9)),
     ("adam", lambda p: Adam(p, lr=0.01)),

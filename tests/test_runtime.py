@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import _thread
 import copy
 import json
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -398,22 +398,34 @@ def test_graph_node_is_named_for_fx_stages() -> None:
 
 
 def test_keyboard_interrupt_stops_the_run_cleanly() -> None:
-    class Interrupt(nn.Module):
-        fired = False
+    # Ctrl-C lands in the caller while it waits for the workers' reports. It is raised there
+    # deterministically once stage 2 is busy, rather than by _thread.interrupt_main(), whose
+    # delivery waits for the main thread's next bytecode and is swallowed if that happens inside
+    # a finaliser run by the garbage collector (seen under load).
+    busy = threading.Event()
 
+    class Busy(nn.Module):
         def forward(self, h: torch.Tensor) -> tuple[torch.Tensor]:
-            if not self.fired:
-                self.fired = True
-                _thread.interrupt_main()  # what Ctrl-C does to the caller
-                time.sleep(0.2)
+            busy.set()
             return (h,)
 
     program = chain(3)
-    program.stages[2] = StageSpec(2, 2, Interrupt(), ("h2",), ("h3",))
+    program.stages[2] = StageSpec(2, 2, Busy(), ("h2",), ("h3",))
     baseline = threading.active_count()
     runtime = PipelineRuntime(program, training=True, devices=CPU)
+    reports = runtime._reports
+    real_get, interrupted = reports.get, []
+
+    def get(*args: Any, **kwargs: Any) -> Any:
+        if busy.is_set() and not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt  # what Ctrl-C does to the caller
+        return real_get(*args, **kwargs)
+
+    reports.get = get  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
         runtime.run(micro_batches(8))
+    assert interrupted == [True]
     assert len(runtime.run(micro_batches(8))) == 8  # the run was stopped; the runtime works
     runtime.close()
     assert threading.active_count() == baseline

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import io
 
 import pytest
@@ -133,6 +134,20 @@ def test_destroy_unwraps_and_allows_rewrapping() -> None:
     assert again.isCompiled()
 
 
+def test_a_model_stays_wrapped_after_its_executor_is_dropped() -> None:
+    # PopTorch checks the model's class, not the executor: re-wrapping needs model.destroy().
+    model = Net()
+    training = _train(model)
+    del training
+    gc.collect()
+    assert weights.is_wrapped(model)
+    with pytest.raises(RuntimeError, match=r"Call model.destroy\(\) on the model"):
+        poptorch.trainingModel(model)
+    model.destroy()
+    assert type(model) is Net and type(model.lin.weight) is nn.Parameter
+    assert _train(model).isCompiled()
+
+
 def test_per_replica_buffers_without_broadcast() -> None:
     model = Net()
     opts = poptorch.Options().replicationFactor(2).broadcastBuffers(False)
@@ -179,3 +194,26 @@ def test_weight_norm_model_is_copied_and_trained_like_eager() -> None:
         optimizer.step()
     assert not torch.equal(ours["fc.weight_v"], eager["fc.weight_v"])
     torch.testing.assert_close(ours, model.state_dict())
+
+
+def test_unwrap_and_rewrap_model_if_necessary() -> None:
+    # optimum-graphcore unwraps a training-wrapped model's tensors around deep copies and saves.
+    model = Net()
+    training = _train(model)
+    device_weight = training._executable.device.model.lin.weight.detach().clone()
+    poptorch._impl.unwrapModelIfNecessary(model)
+    assert type(model.lin.weight) is nn.Parameter and weights.is_wrapped(model)
+    torch.testing.assert_close(model.lin.weight.detach(), device_weight)  # synced first
+    copied = copy.deepcopy(model.lin)
+    torch.testing.assert_close(copied.weight.detach(), device_weight)
+    poptorch._impl.rewrapModelIfNecessary(model)
+    assert weights.is_wrapped(model.lin.weight)
+    training(torch.randn(4, 3), torch.randn(4, 2))
+    assert training._dirty_host_weights
+    torch.testing.assert_close(  # the next host access syncs again
+        model.lin.weight.detach(), training._executable.device.model.lin.weight.detach()
+    )
+    plain = Net()
+    poptorch._impl.unwrapModelIfNecessary(plain)  # not wrapped: nothing to do
+    poptorch._impl.rewrapModelIfNecessary(plain)
+    assert type(plain.lin.weight) is nn.Parameter

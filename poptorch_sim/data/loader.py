@@ -18,6 +18,36 @@ from .workers import capped_num_workers, shutdown_workers
 
 __all__ = ["DataLoader", "combined_batch_size"]
 
+
+class _AsyncEpoch:
+    """An epoch of an asynchronous ``DataLoader``: the accessor's iterator, holding the loader.
+
+    The loader holds its accessor and terminates it when it is collected; the accessor holds the
+    loader only weakly, so that dropping the loader stops the loading thread. In
+    ``for batch in poptorch.DataLoader(opts, ds, mode=DataLoaderMode.Async)`` the loader is a
+    temporary: this iterator keeps it alive (as PopTorch's accessor keeps its loader) until the
+    loop lets go of the iterator.
+    """
+
+    def __init__(self, loader: DataLoader, accessor: AsynchronousDataAccessor) -> None:
+        self._loader = loader
+        self._accessor = accessor
+
+    def __iter__(self) -> _AsyncEpoch:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._accessor)
+
+    def __len__(self) -> int:
+        return len(self._accessor)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_loader", "_accessor"):
+            raise AttributeError(name)
+        return getattr(self._accessor, name)
+
+
 _OPTION_ATTRIBUTES = ("device_iterations", "replication_factor", "Training", "Distributed")
 
 
@@ -367,7 +397,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             return self._open_epoch()
         if self._accessor is None:
             self._accessor = self._create_accessor()
-        return iter(self._accessor)
+        return _AsyncEpoch(self, iter(self._accessor))
 
     def __len__(self) -> int:
         if self._rebatched_size:

@@ -28,7 +28,14 @@ from .device_tree import device_tree
 from .precision import weights_follow_activations
 from .rebind import rebind_to_copies
 
-__all__ = ["DeviceCopy", "HostSync", "is_wrapped", "owner_of"]
+__all__ = [
+    "DeviceCopy",
+    "HostSync",
+    "is_wrapped",
+    "owner_of",
+    "set_tensors_wrapped",
+    "unwrap_tree",
+]
 
 _OWNER_ATTR = "_poptorch_sim_owner"
 _state = threading.local()
@@ -94,6 +101,7 @@ def _module_destroy(self: nn.Module) -> None:
     owner = owner_of(self)
     if owner is not None:
         owner.destroy()
+    unwrap_tree(self)  # also when the executor itself is gone
 
 
 def _rebuild_module(cls: type, state: dict[str, Any]) -> nn.Module:
@@ -157,6 +165,31 @@ def _unwrapped_class(cls: type) -> type:
     return getattr(cls, "_poptorch_sim_base", cls)
 
 
+def unwrap_tree(model: nn.Module) -> None:
+    """Restore the user's classes on ``model``, its submodules, parameters and buffers."""
+    for obj in list(_objects(model)):
+        if obj is not None:
+            obj.__dict__.pop(_OWNER_ATTR, None)
+            if is_wrapped(obj):
+                obj.__class__ = _unwrapped_class(type(obj))
+
+
+def set_tensors_wrapped(model: nn.Module, wrapped: bool) -> None:
+    """Take off (``wrapped=False``) or put back the host-sync classes of ``model``'s parameters
+    and buffers, leaving the modules and the owning executor as they are.
+
+    Taking them off first brings the host weights up to date, as any access would.
+    """
+    tensors = list(model.buffers()) + list(model.parameters())  # syncs a training model
+    for t in tensors:
+        if _OWNER_ATTR not in t.__dict__:
+            continue
+        if wrapped and not is_wrapped(t):
+            t.__class__ = _wrapped_class(type(t))
+        elif not wrapped and is_wrapped(t):
+            t.__class__ = _unwrapped_class(type(t))
+
+
 def is_wrapped(obj: object) -> bool:
     """Whether ``obj`` (module or tensor) is currently wrapped by a training executor."""
     return "_poptorch_sim_base" in type(obj).__dict__
@@ -198,10 +231,7 @@ class HostSync:
 
     def unwrap(self) -> None:
         """Remove the hooks, restoring the user's classes."""
-        for obj in list(_objects(self._model)):
-            if obj is not None and is_wrapped(obj):
-                obj.__dict__.pop(_OWNER_ATTR, None)
-                obj.__class__ = _unwrapped_class(type(obj))
+        unwrap_tree(self._model)
 
 
 def _named_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -8,7 +8,7 @@ from torch import nn
 from ..errors import Error
 from ..options import Options, ShardedExecution
 from .executor import PoplarExecutor
-from .weights import owner_of
+from .weights import is_wrapped, owner_of
 
 __all__ = ["trainingModel", "inferenceModel"]
 
@@ -41,14 +41,15 @@ def trainingModel(
         (default: the last micro-batch's).
 
     Raises:
-        RuntimeError: the model is already wrapped by a live training model.
+        RuntimeError: the model is still wrapped by a training model (until ``destroy()``).
 
     >>> training = trainingModel(model, poptorch.Options(), optimizer)  # doctest: +SKIP
     """
     if isinstance(model, PoplarExecutor):
         model = model._user_model
-    owner = owner_of(model)
-    if owner is not None:
+    # PopTorch checks the model's class: it stays wrapped until destroy(), even if the executor
+    # that wrapped it has been dropped.
+    if owner_of(model) is not None or is_wrapped(model):
         raise RuntimeError(
             "Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() "
             "on the model to unwrap before wrapping again."

@@ -7,7 +7,8 @@ PopTorch users read and write the device optimizer state through ``optimizer.sta
 kind               ``ipu_state`` (per param)   ``ipu_param`` (per param, ``___specific___``)
 =================  ==========================  ==============================================
 sgd                ``Accl1___`` (velocity,     ``scaledLearningRate0``, ``weightDecayScale-
-                   only with momentum)         Factor0``, ``momentum``, ``dampening``
+                   only with momentum; zeros   Factor0``, ``momentum``, ``dampening``
+                   before the first step)
 adam/adamw/lamb    ``Accl1___`` (m),           ``learningRate``, ``weightDecay``, ``beta1``,
                    ``Accl2___`` (v),           ``beta2``, ``eps`` (+ ``maxWeightNorm`` for
                    ``Step___``                 lamb)
@@ -143,6 +144,12 @@ def _import_param_state(
         for key, prefix in _STATE_NAMES[kind].items()
         if prefix + name in ipu_state
     }
+    if kind == "sgd" and p not in optimizer.state:
+        # A zero velocity before the first step is the initial one: leave torch to seed it with
+        # the first gradient (the same update when dampening is 0, the eager one otherwise).
+        velocity = found.get("momentum_buffer")
+        if velocity is not None and not bool(velocity.any()):
+            del found["momentum_buffer"]
     if not found:
         return
     state = optimizer.state.get(p) or _initial_state(optimizer, kind, group, p)
@@ -191,8 +198,9 @@ def _initial_state(
     """The state the device optimizer would create at its first step, in its own format."""
     zeros = torch.zeros_like(p, memory_format=torch.preserve_format)
     if kind == "sgd":
-        # torch's SGD seeds its velocity with the first gradient, not zeros: report none.
-        return {}
+        # PopART allocates the velocity (zeros) at compile time when there is momentum; torch's
+        # SGD creates it at its first step, seeded with the gradient (see _import_param_state).
+        return {"momentum_buffer": zeros} if group["momentum"] != 0 else {}
     torch_step = isinstance(optimizer, (torch.optim.Adam, torch.optim.RMSprop))
     step: Any = torch.zeros((), dtype=torch.float32) if torch_step else 0
     if kind != "rmsprop":
