@@ -3,8 +3,9 @@
 * step: one ``trainingModel`` call = ``GA`` micro-batches forward + backward through the
   pipeline and one optimizer step (SGD). The baseline is the same model in eager PyTorch on the
   main thread with every core (``torch.set_num_threads(os.cpu_count())``): the same ``GA``
-  micro-batches, ``loss / GA`` backward each, one step. Both are measured in the same run,
-  interleaved, and reported as medians with their ratio.
+  micro-batches, ``loss / GA`` backward each, one step; and the same on one thread (steadier
+  than the all-cores figure when other processes hold cores). All are measured in the same run,
+  interleaved, and reported as medians with their ratios.
 * BERT: ``BertForSequenceClassification``, embeddings and encoder layers in blocks placed as
   optimum-graphcore places them (embeddings on IPU 0, layers spread over IPUs 0-3, the
   classifier on IPU 3), ``PipelinedExecution``.
@@ -116,18 +117,22 @@ def step_times(name: str, model: nn.Module, batch: Batch, ga: int, stage: Any, s
     training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=1e-3))
     first = timed(lambda: training(**batch))
     stages = [s.ipu for s in training._executable.program.program.stages]
-    pipe, plain = [], []
+    pipe, plain, single = [], [], []
     threads = torch.get_num_threads()
     for _ in range(steps):
         pipe.append(timed(lambda: training(**batch)))
         torch.set_num_threads(os.cpu_count() or 1)
         plain.append(timed(lambda: eager_step(eager, eager_opt, batch, ga)))
+        torch.set_num_threads(1)
+        single.append(timed(lambda: eager_step(eager, eager_opt, batch, ga)))
         torch.set_num_threads(threads)
     training.destroy()
-    p, e = statistics.median(pipe), statistics.median(plain)
+    p, e, e1 = (statistics.median(t) for t in (pipe, plain, single))
     print(
-        f"{name:<34} stages on IPUs {stages}  GA {ga}  first call {first:6.2f} s  "
-        f"pipelined {p * 1e3:8.1f} ms  eager {e * 1e3:8.1f} ms  pipelined/eager {p / e:5.2f}x"
+        f"{name}: stages on IPUs {stages}, GA {ga}, first call (compile + step) {first:.2f} s\n"
+        f"  per step (median of {steps}): pipelined {p * 1e3:.0f} ms, eager {e * 1e3:.0f} ms "
+        f"(eager on 1 thread {e1 * 1e3:.0f} ms); pipelined/eager {p / e:.2f}x, "
+        f"pipelined/eager-1-thread {p / e1:.2f}x"
     )
 
 
@@ -160,7 +165,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per model")
     args = parser.parse_args()
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, ")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     print(f"{os.cpu_count()} CPU cores shared by 4 IPU worker threads; eager uses all of them")
     hidden, seq, steps = (128, 32, 2) if args.quick else (256, 128, args.steps)
     ga = 8
