@@ -32,8 +32,12 @@ class OutputLayout:
         leaves: per leaf, the producing ``fx.Node`` or the constant itself.
     """
 
-    def __init__(self, output: fx.Node) -> None:
-        leaves, self.spec = pytree.tree_flatten(output.args[0])
+    def __init__(self, output: fx.Node, spec: pytree.TreeSpec | None = None) -> None:
+        if spec is None:
+            leaves, spec = pytree.tree_flatten(output.args[0])
+        else:  # the output node holds the flat leaves (torch.export)
+            leaves = list(output.args[0])
+        self.spec = spec
         self.leaves: list[Any] = leaves
 
     @property
@@ -49,7 +53,7 @@ class OutputLayout:
 
 def output_layout(trace: Trace) -> OutputLayout:
     """The ``OutputLayout`` of the traced ``forward``."""
-    return OutputLayout(next(n for n in trace.graph.nodes if n.op == "output"))
+    return OutputLayout(next(n for n in trace.graph.nodes if n.op == "output"), trace.out_spec)
 
 
 def _stage_io(

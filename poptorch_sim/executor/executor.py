@@ -55,7 +55,8 @@ _DETACHED_INPUT = (
     "pass via inputs is not supported."
 )
 
-# Simulated: a model with blocks that torch.fx cannot trace still runs, as one program.
+# Simulated: a model with blocks that neither torch.fx nor torch.export can capture still runs,
+# as one program.
 _EAGER_FALLBACK = (
     "poptorch_sim falls back to running this model as one program on a single simulated IPU, "
     "one micro-batch at a time: outputs, gradients and weights are the same as PopTorch's and "
