@@ -14,6 +14,7 @@ from . import (
     options,
     poptorch_core,
 )  # _impl: PopTorch programs reach poptorch._impl
+from .compiler.sharding import Sharder, list_nodes
 from .data import AsynchronousDataAccessor, DataLoader
 from .enums import (
     AnchorMode,
@@ -180,4 +181,6 @@ __all__ = [
     "__version__",
     # poptorch_sim's own additions
     "register_custom_op",
+    "Sharder",
+    "list_nodes",
 ]
