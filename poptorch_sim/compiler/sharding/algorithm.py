@@ -134,14 +134,16 @@ def _walk(start: fx.Node, shard: Shard, shard_of: dict[fx.Node, Shard]) -> None:
         pending.extend(node.all_input_nodes)
 
 
-def _check_direction(trace: Trace, shard_of: dict[fx.Node, Shard], config: ShardingConfig) -> None:
+def _check_direction(
+    shard_of: dict[fx.Node, Shard], ordered: list[tuple[SplitPoint, int]], source: str
+) -> None:
     for node, shard in shard_of.items():
         for arg in node.all_input_nodes:
             source = shard_of.get(arg)
             if source is not None and source.stage > shard.stage:
-                order = ", ".join(f"{p.node} (stage {p.stage})" for p in config.points)
+                order = ", ".join(f"{p.node} (stage {stage})" for p, stage in ordered)
                 raise ShardingError(
-                    f"{config.source}: the stage order sends activations backwards: node "
+                    f"{source}: the stage order sends activations backwards: node "
                     f"'{node.name}' (claimed by split point '{shard.split}', stage "
                     f"{shard.stage}) uses '{arg.name}' (split point '{source.split}', stage "
                     f"{source.stage}). Stages must not decrease along the graph; the split "
@@ -187,7 +189,7 @@ def assign(trace: Trace, config: ShardingConfig) -> Assignment:
         if source is not None:
             shard_of[node] = shard_of.get(source) or leftover  # type: ignore[assignment]
     result = {node: shard_of.get(node) or leftover for node in ops}
-    _check_direction(trace, result, config)  # type: ignore[arg-type]
+    _check_direction(result, [(p, s) for p, _, s in ranked], config.source)  # type: ignore[arg-type]
     return Assignment(result, leftover)  # type: ignore[arg-type]
 
 
@@ -219,11 +221,11 @@ def check_devices(assignment: Assignment, config: ShardingConfig, replicas: int 
             f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): put the last split "
             f"point on the graph's last op ('{names[-1]}') to keep them on its device"
         )
-    replicated = f" × {replicas} replicas" if replicas > 1 else ""
+    replicated = f" × {replicas} replicas = {needed}" if replicas > 1 else ""
     raise ShardingError(
         f"{config.source}: the device count is over the reserved IPUs: the split points use "
         f"devices up to {assignment.num_devices - 1}, so {assignment.num_devices} IPUs"
-        f"{replicated} = {needed} are needed, but {limit} are reserved "
+        f"{replicated} are needed, but {limit} are reserved "
         f"(POPTORCH_SIM_NUM_IPUS={available}, at most {_MAX_IPUS}){extra}. Use fewer devices, "
         f"or set POPTORCH_SIM_NUM_IPUS={needed} or more."
     )
