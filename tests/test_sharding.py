@@ -394,3 +394,40 @@ def test_the_shard_command_runs_a_script_with_the_yaml_applied(tmp_path: Path) -
         cwd=tmp_path, env=env, capture_output=True, text=True,
     )  # fmt: skip
     assert bad.returncode == 2 and "duplicate node 'cos'" in bad.stderr
+
+
+class InPlace(nn.Module):
+    """A cut right before ``nn.ReLU(inplace=True)``, as PopRT's ResNet-50 cut points make."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(8, 8)
+        self.relu = nn.ReLU(inplace=True)
+        self.fc3 = nn.Linear(8, 2)
+        self.loss = nn.MSELoss()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.fc1(x) + self.fc2(torch.tanh(self.fc1(x)))
+        out = self.fc3(self.relu(h))
+        return out, self.loss(out, y)
+
+
+def test_a_stage_that_writes_into_its_input_in_place_matches_eager() -> None:
+    model = InPlace()
+    x, y = torch.randn(2, 4), torch.randn(2, 2)
+    poptorch.Sharder({"add": 0}, {"add": 0}).run(model, x, y)
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(3)
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = torch.randn(6, 4), torch.randn(6, 2)
+    _, loss = training(x, y)
+    program = training._executable.program.program
+    assert "clone" in program.stages[1].module.code
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    outs = train_reference(reference, ref_opt, (x, y), 1, 3, 1)
+    torch.testing.assert_close(loss, outs[0][2][0][1])
+    for name, param in reference.named_parameters():
+        torch.testing.assert_close(model.get_parameter(name), param, msg=name)
+    training.destroy()
