@@ -13,6 +13,8 @@ from . import (
     optim,
     options,
     poptorch_core,
+    profiling,
+    testing,
 )  # _impl: PopTorch programs reach poptorch._impl
 from .compiler.sharding import Sharder, list_nodes
 from .data import AsynchronousDataAccessor, DataLoader

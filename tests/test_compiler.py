@@ -24,6 +24,7 @@ from poptorch_sim.compiler import (
     rebuild_output,
     uses_blocks,
 )
+from poptorch_sim.compiler.tracer import trace_model
 from poptorch_sim.enums import AutoStage
 from poptorch_sim.errors import Error
 from poptorch_sim.ipu_context import isRunningOnIpu
@@ -753,4 +754,7 @@ def test_any_failure_of_the_symbolic_trace_is_a_trace_failure():
                 return x + self.positions[: x.size(0)]
 
     with pytest.raises(TraceFailure, match=r"(?s)TypeError: slice indices.*positions\[: x.size"):
-        compile_program(SliceBySize(), _options(), (torch.ones(4),), {}, False)
+        trace_model(SliceBySize(), (torch.ones(4),), {})
+    # The compiler then captures it with torch.export (tests/test_capture.py).
+    program = compile_program(SliceBySize(), _options(), (torch.ones(4),), {}, False)
+    assert program.meta["capture"] == "torch.export"

@@ -83,8 +83,9 @@ class DataDependentBlocks(nn.Module):
 
 @pytest.mark.parametrize("begin_block", [False, True], ids=["with-Block", "BeginBlock"])
 def test_untraceable_model_with_blocks_runs_as_one_program(capfd, begin_block: bool) -> None:
-    # PopTorch would pipeline it over two IPUs. poptorch_sim needs an fx trace to cut stages,
-    # so it warns (naming the line) and runs the model on one simulated IPU: same numbers.
+    # PopTorch would pipeline it over two IPUs. poptorch_sim needs a graph (torch.fx or
+    # torch.export) to cut stages, so it warns (naming the line) and runs the model on one
+    # simulated IPU: same numbers.
     model = DataDependentBlocks(begin_block)
     eager = copy.deepcopy(model)
     opts = poptorch.Options()
@@ -98,6 +99,7 @@ def test_untraceable_model_with_blocks_runs_as_one_program(capfd, begin_block: b
         out, _ = training(x, y)
     err = capfd.readouterr().err
     assert "cannot trace DataDependentBlocks.forward" in err and "if h.sum() > 0" in err
+    assert "cannot capture DataDependentBlocks.forward with torch.export" in err
     assert "falls back to running this model as one program" in err
     assert not isinstance(training._executable.program, StagedRunner)
     eager_opt = torch.optim.SGD(eager.parameters(), lr=0.1)

@@ -1,6 +1,7 @@
 """The compiler: ``nn.Module + Options`` → ``StagedProgram`` (trace → partition → verify → split).
 
-    trace      tracer.py     torch.fx trace of forward, ops stamped with block entries
+    capture    capture.py    forward → Trace, by torch.fx (tracer.py) or torch.export
+                             (exporter.py), ops stamped with block entries
     partition  partition.py  ops → stages and IPUs by the execution strategy
     verify     verify.py     PopTorch's compile-time checks (pipeline depth, IPU count, phases)
     loss       loss.py       the final loss (training)
@@ -25,6 +26,7 @@ from ..logger import logger
 from ..ops.blocks import uses_begin_block
 from ..options.strategies import PipelinedExecution, _IExecutionStrategy
 from ..program import StagedProgram
+from .capture import capture_method, capture_model
 from .loss import MANY_LOSSES, NO_LOSS, find_final_loss
 from .partition import NO_ACTIVE_BLOCK, Partition
 from .partition import partition as assign_stages
@@ -32,7 +34,7 @@ from .sharding import ShardingConfig, ShardingError, partition_by_sharding, shar
 from .signature import flatten_inputs
 from .split import output_layout
 from .split import split as split_stages
-from .tracer import Trace, TraceFailure, entries_seen, trace_model
+from .tracer import Trace, TraceFailure, entries_seen
 from .values import non_tensor_values
 from .verify import check_ipu_count, check_phases, check_pipeline_depth, pipeline_stages
 
@@ -95,14 +97,16 @@ def compile_program(
         The ``StagedProgram`` (see ``describe`` for its ``meta``).
 
     Raises:
-        TraceFailure: ``forward`` cannot be traced symbolically.
+        TraceFailure: ``forward`` cannot be captured (see ``capture_model``).
         poptorch.Error: PopTorch's compile errors (no active block, loss, depth, IPU count).
         AssertionError: unknown blocks / ``SameAsIpu`` without ``ipu_id`` (PopTorch's type).
         ShardingError: split points that cannot be applied (see ``sharding.Sharder.run``).
     """
     strategy = _strategy(options)
     sharding = sharding_of(model, options)
-    trace = _capture(model, tuple(example_inputs), dict(example_kwargs), sharding)
+    trace = _capture(
+        model, tuple(example_inputs), dict(example_kwargs), capture_method(options), sharding
+    )
     assignment = None
     if sharding is None:
         part = assign_stages(trace, strategy)
@@ -140,11 +144,12 @@ def _capture(
     model: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    method: str,
     sharding: ShardingConfig | None,
 ) -> Trace:
     """The model's trace; a model that must be sharded by node name has no eager fallback."""
     try:
-        return trace_model(model, args, kwargs)
+        return capture_model(model, args, kwargs, method)
     except TraceFailure as failure:
         if sharding is None:
             raise
@@ -180,6 +185,7 @@ def _meta(
         "signature": trace.signature,
         "non_tensor_values": non_tensor_values(trace.graph),
         "traced": traced,
+        "capture": trace.capture,
     }
 
 
@@ -204,7 +210,8 @@ def describe(program: StagedProgram) -> str:
     (PopTorch's depths), ``num_ipus`` (IPUs reserved, replicas included), ``signature``
     (forward's, for ``flatten_inputs``), ``non_tensor_values`` (names of values that are not
     tensors, e.g. sizes: pass them between stages as they are), ``traced``
-    (the whole traced GraphModule), ``out_spec`` / ``out_constants`` (see ``rebuild_output``)
+    (the whole traced GraphModule), ``capture`` (the front end that captured forward:
+    "torch.fx" or "torch.export"), ``out_spec`` / ``out_constants`` (see ``rebuild_output``)
     and, when training, ``loss_stage``.
     """
     lines = [

@@ -17,6 +17,8 @@ __all__ = ["find_final_loss", "NO_LOSS", "MANY_LOSSES"]
 
 
 def _is_loss(node: fx.Node, trace: Trace) -> bool:
+    if node.meta.get("loss"):  # marked while captured (torch.export)
+        return True
     if node.op == "call_module":
         return is_loss_callable(trace.resolve(str(node.target)))
     if node.op == "call_function":

@@ -33,8 +33,12 @@ class OutputLayout:
         leaves: per leaf, the producing ``fx.Node`` or the constant itself.
     """
 
-    def __init__(self, output: fx.Node) -> None:
-        leaves, self.spec = pytree.tree_flatten(output.args[0])
+    def __init__(self, output: fx.Node, spec: pytree.TreeSpec | None = None) -> None:
+        if spec is None:
+            leaves, spec = pytree.tree_flatten(output.args[0])
+        else:  # the output node holds the flat leaves (torch.export)
+            leaves = list(output.args[0])
+        self.spec = spec
         self.leaves: list[Any] = leaves
 
     @property
@@ -50,7 +54,7 @@ class OutputLayout:
 
 def output_layout(trace: Trace) -> OutputLayout:
     """The ``OutputLayout`` of the traced ``forward``."""
-    return OutputLayout(next(n for n in trace.graph.nodes if n.op == "output"))
+    return OutputLayout(next(n for n in trace.graph.nodes if n.op == "output"), trace.out_spec)
 
 
 def _stage_io(
@@ -113,7 +117,7 @@ def _mutates_first_argument(node: fx.Node, trace: Trace) -> bool:
         name = str(node.target)
         return name.endswith("_") and not name.endswith("__") and name != "requires_grad_"
     if node.op == "call_function":
-        name = getattr(node.target, "__name__", "")
+        name = getattr(node.target, "__name__", "").split(".")[0]  # aten: "relu_.default"
         return node.kwargs.get("inplace") is True or (
             name.endswith("_") and not name.endswith("__")
         )

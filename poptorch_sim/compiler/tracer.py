@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import Error
@@ -92,6 +93,10 @@ class Trace:
             created inside ``forward``), by target name.
         entries: the block entries, in program order.
         signature: ``forward``'s signature (to flatten later calls' inputs).
+        input_names: the placeholders' names, in ``flatten_inputs`` order.
+        out_spec: how the output node's flat list of leaves rebuilds ``forward``'s return value;
+            None when the output node holds the return structure itself (fx).
+        capture: which front end made it ("torch.fx" or "torch.export").
     """
 
     graph: fx.Graph
@@ -100,6 +105,8 @@ class Trace:
     entries: list[BlockEntry]
     signature: inspect.Signature
     input_names: tuple[str, ...] = field(default=())
+    out_spec: pytree.TreeSpec | None = None
+    capture: str = "torch.fx"
 
     def resolve(self, target: str) -> Any:
         """The object a ``get_attr`` / ``call_module`` target names (shared, not copied)."""

@@ -29,6 +29,7 @@ from ..options import Options
 from ..printing import module_repr
 from . import hooks
 from .batching import Layout, check_batch
+from .device_tree import shallow_copy
 from .eager import EagerProgram
 from .inputs import ArgsParser, BoundArgs, validate_inputs
 from .inspection import InspectionMixin
@@ -46,7 +47,8 @@ _DETACHED_INPUT = (
     "pass via inputs is not supported."
 )
 
-# Simulated: a model with blocks that torch.fx cannot trace still runs, as one program.
+# Simulated: a model with blocks that neither torch.fx nor torch.export can capture still runs,
+# as one program.
 _EAGER_FALLBACK = (
     "poptorch_sim falls back to running this model as one program on a single simulated IPU, "
     "one micro-batch at a time: outputs, gradients and weights are the same as PopTorch's and "
@@ -70,6 +72,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         object.__setattr__(self, "_user_model", model)
+        # PopTorch wraps copy.copy(model): see [Note: what the device copies].
+        self._model_snapshot = shallow_copy(model)
         self._options = _resolve_options(options, training)
         self._training = training
         self._optimizer = optimizer
@@ -156,7 +160,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         layout = _layout(self._options, self._training)
         check_batch(bound, layout)
         bar.update(10)
-        device = DeviceCopy(self._user_model)
+        device = DeviceCopy(self._model_snapshot)
         _check_updatable_buffers(self._options, device.model)
         if (
             self._options._Popart.options.get("instrumentWithHardwareCycleCounter")

@@ -15,13 +15,14 @@ instead of through ``self``, as in PopTorch's own tests::
             out = base(x)              # ...but called through the closure
             return out, loss_fn(out, y)
 
-PopTorch traces the user's own module, so ``base`` there *is* ``self.base``. The device copy is a
-deep copy, and a function's closure and globals belong to the function, which the copy shares with
-the host's class: the copy would call the host's ``base``, computing with the host's (stale)
-weights and never training the device's. So after the deep copy, every device module whose class
+PopTorch traces the user's own module, so ``base`` there *is* ``self.base``. The device copy has
+its own module objects (see [Note: what the device copies] in device_tree.py), and a function's
+closure and globals belong to the function, which the copy shares with the host's class: the copy
+would call the host's ``base``, computing with the host's (stale) weights and never training the
+device's. So after the copy, every device module whose class
 (or a base class outside torch) has a method that refers to a copied host module or tensor gets
 a generated subclass of its class, with those methods rebuilt from the same code but closure cells
-and globals pointing to the copies. Objects the deep copy did not reach (a module that is not part
+and globals pointing to the copies. Objects the copy did not reach (a module that is not part
 of the model) are left alone: as for PopTorch, they are not the model's weights.
 """
 
@@ -33,11 +34,11 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["rebind_to_copies"]
+__all__ = ["rebind_to_copies", "rebound_function"]
 
 
 def _copied(value: object, memo: dict[int, Any]) -> Any:
-    """The deep copy's replacement of ``value`` if it is a module or tensor it copied, else None."""
+    """The device copy's replacement of ``value`` if it is a module or tensor it copied, else None."""
     if isinstance(value, (nn.Module, torch.Tensor)):
         copy = memo.get(id(value))
         if copy is not None and copy is not value:
@@ -68,7 +69,7 @@ def _rebound_globals(fn: types.FunctionType, memo: dict[int, Any]) -> dict[str, 
     return {**fn.__globals__, **updates} if updates else None
 
 
-def _rebound_function(fn: types.FunctionType, memo: dict[int, Any]) -> types.FunctionType | None:
+def rebound_function(fn: types.FunctionType, memo: dict[int, Any]) -> types.FunctionType | None:
     """``fn`` rebuilt over the copies, or None when it refers to no copied object."""
     cells, fn_globals = _rebound_cells(fn, memo), _rebound_globals(fn, memo)
     if cells is None and fn_globals is None:
@@ -96,20 +97,20 @@ def _rebound_methods(cls: type, memo: dict[int, Any]) -> dict[str, types.Functio
             if name in seen or not isinstance(attr, types.FunctionType):
                 continue
             seen.add(name)  # the first definition along the MRO is the one that runs
-            new = _rebound_function(attr, memo)
+            new = rebound_function(attr, memo)
             if new is not None:
                 methods[name] = new
     return methods
 
 
 def rebind_to_copies(model: nn.Module, memo: dict[int, Any]) -> list[str]:
-    """Point the methods of ``model``'s modules at the deep copy's objects, not the host's.
+    """Point the methods of ``model``'s modules at the device copy's objects, not the host's.
 
     See [Note: modules reached outside self].
 
     Args:
-        model: the deep copy.
-        memo: the memo ``copy.deepcopy`` filled while making it (host id -> copy).
+        model: the device's module tree.
+        memo: host module/tensor id -> its copy in that tree.
 
     Returns:
         ``Class.method`` of every method that was rebuilt (for the debug log).

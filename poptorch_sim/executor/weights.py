@@ -1,8 +1,8 @@
 """Host ↔ device weights: the device copy of a model and PopTorch's lazy host synchronisation.
 
 [Note: lazy weight sync]
-A simulated IPU holds its own copy of the weights (the *device copy*, a deep copy of the user's
-model made at compile time; see also [Note: modules reached outside self] in ``rebind.py``). As
+A simulated IPU holds its own copy of the weights (the *device copy* of the parameters and
+buffers, made at compile time; see [Note: what the device copies] in ``device_tree.py``). As
 in PopTorch, after a training call the host weights are stale until something on the host touches
 them: the first access to the user's model (its
 ``_parameters``, ``_buffers``, ``forward``, ...) or to one of its parameters or buffers triggers one
@@ -14,7 +14,6 @@ never reach the device by themselves: ``copyWeightsToDevice()`` does that.
 
 from __future__ import annotations
 
-import copy
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from torch import nn
 
 from ..errors import Error
 from ..logger import logger
+from .device_tree import device_tree
 from .precision import weights_follow_activations
 from .rebind import rebind_to_copies
 
@@ -204,14 +204,6 @@ class HostSync:
                 obj.__class__ = _unwrapped_class(type(obj))
 
 
-def _strip(model: nn.Module) -> None:
-    """Undo any host-sync wrapping on a (deep-copied) module tree."""
-    for obj in list(_objects(model)):
-        if obj is not None and is_wrapped(obj):
-            obj.__dict__.pop(_OWNER_ATTR, None)
-            obj.__class__ = _unwrapped_class(type(obj))
-
-
 def _named_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     with _NoSync():
         named = list(model.named_parameters(remove_duplicate=False))
@@ -223,15 +215,13 @@ class DeviceCopy:
     """The simulated IPU's copy of a model's weights and buffers.
 
     Args:
-        host: the user's model.
+        host: the user's model (PopTorch's shallow copy of it, made at wrap time).
         device: where the device copy lives (``cpu`` or a CUDA device).
     """
 
     def __init__(self, host: nn.Module, device: torch.device | None = None) -> None:
         with _NoSync():
-            memo = _derived_tensor_copies(host)
-            self.model = copy.deepcopy(host, memo)
-        _strip(self.model)
+            self.model, memo = device_tree(host)
         weights_follow_activations(self.model)
         rebuilt = rebind_to_copies(self.model, memo)
         if rebuilt:
@@ -271,21 +261,6 @@ class DeviceCopy:
                     f"method. This is not supported. Consider using self.{name}.copy_(src) to "
                     "copy data from a source tensor, where src is the name of the source tensor."
                 )
-
-
-def _derived_tensor_copies(host: nn.Module) -> dict[int, Any]:
-    """A deep-copy memo for tensors that modules keep computed from their parameters.
-
-    ``torch.nn.utils.weight_norm`` keeps ``weight`` as a non-leaf tensor attribute, which
-    ``copy.deepcopy`` refuses; its hook recomputes it before each forward, so a detached copy of
-    the current value is all the device copy needs.
-    """
-    memo: dict[int, Any] = {}
-    for module in host.modules():
-        for value in vars(module).values():
-            if isinstance(value, torch.Tensor) and not value.is_leaf:
-                memo[id(value)] = value.detach().clone()
-    return memo
 
 
 def _pair_tensors(

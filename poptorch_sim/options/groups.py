@@ -70,7 +70,31 @@ class _PopartOptions(OptionsDict):
 
 
 class _JitOptions(OptionsDict):
-    """Legacy tracing options."""
+    """How ``forward`` is captured (and PopTorch's legacy tracing switch)."""
+
+    def __init__(self) -> None:
+        super().__init__(capture_method="auto")
+
+    def captureMethod(self, method: str) -> _JitOptions:
+        """Choose how ``forward`` is captured into a graph to split at its blocks.
+
+        Beyond PopTorch (which captures through its dispatcher): "auto" (the default) tries
+        torch.fx symbolic tracing, then ``torch.export`` (non-strict) when fx fails (models
+        with Python decisions on shapes, Hugging Face models); "fx" and "export" use only one.
+
+        Args:
+            method: "auto", "fx" or "export".
+
+        Raises:
+            ValueError: an unknown method.
+
+        >>> opts = poptorch.Options()
+        >>> opts.Jit.captureMethod("export")
+        """
+        if method not in ("auto", "fx", "export"):
+            raise ValueError(f"Unknown capture method {method!r}: use 'auto', 'fx' or 'export'")
+        self.set(capture_method=method)
+        return self
 
     def traceModel(self, trace_model: bool) -> _JitOptions:
         """Deprecated: tracing with ``torch.jit`` is gone; ``True`` is an error."""

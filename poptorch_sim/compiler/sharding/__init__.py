@@ -22,8 +22,9 @@ from torch import nn
 from ... import env
 from ...logger import logger
 from ...options.strategies import _IExecutionStrategy
+from ..capture import capture_model
 from ..partition import Partition
-from ..tracer import Trace, trace_model
+from ..tracer import Trace
 from .algorithm import Assignment, Shard, assign, check_devices
 from .config import ShardingConfig, ShardingError, SplitPoint, load_sharding_config
 from .nodes import NodeInfo, list_nodes
@@ -61,6 +62,9 @@ class Sharder:
         sharding_info: split point node name → device (IPU).
         pipelining_info: split point node name → pipeline stage (same names). Default None:
             each split point's stage is its rank in graph order.
+        capture_method: how to capture the graph whose node names are meant: "auto" (torch.fx,
+            then torch.export for models fx cannot trace), "fx" or "export". Use the model's
+            ``opts.Jit.captureMethod``: the two front ends name nodes differently.
 
     Raises:
         ShardingError: empty info, non-integer devices or stages, or the two dicts naming
@@ -73,9 +77,14 @@ class Sharder:
     """
 
     def __init__(
-        self, sharding_info: Mapping[str, int], pipelining_info: Mapping[str, int] | None = None
+        self,
+        sharding_info: Mapping[str, int],
+        pipelining_info: Mapping[str, int] | None = None,
+        *,
+        capture_method: str = "auto",
     ) -> None:
         self.config = ShardingConfig.from_info(sharding_info, pipelining_info)
+        self.capture_method = capture_method
         self._assignment: dict[str, tuple[int, int]] | None = None
 
     @classmethod
@@ -83,6 +92,7 @@ class Sharder:
         """A ``Sharder`` for an already built ``ShardingConfig`` (e.g. one read from YAML)."""
         sharder = cls.__new__(cls)
         sharder.config = config
+        sharder.capture_method = "auto"
         sharder._assignment = None
         return sharder
 
@@ -108,7 +118,9 @@ class Sharder:
                 or block annotations on the model.
             poptorch_sim.compiler.TraceFailure: the model cannot be captured.
         """
-        trace = trace_model(model, tuple(example_inputs), dict(example_kwargs))
+        trace = capture_model(
+            model, tuple(example_inputs), dict(example_kwargs), self.capture_method
+        )
         assignment = assign(trace, self.config)
         check_devices(assignment, self.config)
         shard_partition(trace, assignment, self.config)  # rejects models with blocks

@@ -11,8 +11,9 @@ from torch import nn
 from torch.fx.node import _get_qualified_name
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
+from ..capture import capture_model
 from ..signature import flatten_inputs
-from ..tracer import Trace, trace_model
+from ..tracer import Trace
 from .algorithm import OP_KINDS
 
 __all__ = ["NodeInfo", "list_nodes", "describe_nodes"]
@@ -69,17 +70,24 @@ def describe_nodes(trace: Trace) -> list[NodeInfo]:
 
 
 def list_nodes(
-    model: nn.Module, *example_inputs: Any, file: TextIO | None = None, **example_kwargs: Any
+    model: nn.Module,
+    *example_inputs: Any,
+    file: TextIO | None = None,
+    capture_method: str = "auto",
+    **example_kwargs: Any,
 ) -> list[NodeInfo]:
     """Print the unique node names of ``model``'s captured graph, to pick split points from.
 
-    The names are the graph's own (torch.fx makes them unique, e.g. ``layer1_0_conv1``,
-    ``add_13``); ``Sharder`` and PopRT's YAML config refer to ops by these names.
+    The names are the graph's own (fx graphs keep them unique, e.g. ``layer1_0_conv1``,
+    ``add_13`` from torch.fx; ATen op names such as ``linear_3`` from torch.export); ``Sharder``
+    and PopRT's YAML config refer to ops by these names.
 
     Args:
         model: the model (the same one that will be sharded).
         *example_inputs: one example call's positional arguments (run once to find shapes).
         file: where to print the table (default ``sys.stdout``).
+        capture_method: "auto" (torch.fx, then torch.export), "fx" or "export"; as the model's
+            ``opts.Jit.captureMethod`` (the front ends name nodes differently).
         **example_kwargs: the example call's keyword arguments.
 
     Returns:
@@ -92,7 +100,7 @@ def list_nodes(
     >>> # name            op                    shape        source
     >>> # conv1           module conv1          1x64x112x112 .../resnet.py:268 in _forward_impl
     """
-    trace = trace_model(model, tuple(example_inputs), dict(example_kwargs))
+    trace = capture_model(model, tuple(example_inputs), dict(example_kwargs), capture_method)
     _propagate_shapes(trace, tuple(example_inputs), dict(example_kwargs))
     infos = describe_nodes(trace)
     _print_table(infos, file if file is not None else sys.stdout)
