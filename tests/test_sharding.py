@@ -431,3 +431,69 @@ def test_a_stage_that_writes_into_its_input_in_place_matches_eager() -> None:
     for name, param in reference.named_parameters():
         torch.testing.assert_close(model.get_parameter(name), param, msg=name)
     training.destroy()
+
+
+# -- on graphs captured by torch.export (models torch.fx cannot trace) --------------------------
+
+
+def _small_bert():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=16, num_labels=3,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    return transformers.BertForSequenceClassification(config)
+
+
+# embeddings | encoder layer 0 | encoder layer 1 | leftovers: pooler, classifier, loss
+BERT_SPLITS = {"dropout": 0, "layer_norm_2": 1, "layer_norm_4": 2}
+
+
+def test_list_nodes_names_the_exported_ops_of_a_transformers_bert() -> None:
+    model = _small_bert()
+    ids, labels = torch.randint(0, 64, (2, 8)), torch.randint(0, 3, (2,))
+    infos = poptorch.list_nodes(model, input_ids=ids, labels=labels, file=io.StringIO())
+    by_name = {i.name: i for i in infos}
+    assert by_name["layer_norm_2"].op == "aten.layer_norm.default"
+    assert by_name["layer_norm_2"].shape == "2x8x16"
+    assert "modeling_bert.py" in by_name["layer_norm_2"].location
+    assert by_name["cross_entropy_loss"].shape == "scalar"
+
+
+@pytest.mark.parametrize("strategy", ["pipelined", "sharded"])
+def test_sharded_transformers_bert_trains_like_eager(strategy: str) -> None:
+    model = _small_bert()
+    ids, labels = torch.randint(0, 64, (2, 8)), torch.randint(0, 3, (2,))
+    sharder = poptorch.Sharder(BERT_SPLITS, BERT_SPLITS)
+    sharder.run(model, input_ids=ids, labels=labels)
+    assert sharder.assignment["linear_12"] == (3, 3)  # the pooler: after the last split point
+    reference = copy.deepcopy(model)
+    ga = 7
+    opts = poptorch.Options().setExecutionStrategy(_strategy(strategy))
+    opts.Training.gradientAccumulation(ga)
+    opts.outputMode(poptorch.OutputMode.All)
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    ids, labels = torch.randint(0, 64, (2 * ga, 8)), torch.randint(0, 3, (2 * ga,))
+    out = training(input_ids=ids, labels=labels)
+    program = training._executable.program.program
+    assert [(s.ipu, s.blocks) for s in program.stages] == [
+        (0, ("dropout",)),
+        (1, ("layer_norm_2",)),
+        (2, ("layer_norm_4",)),
+        (3, ("<leftover>",)),
+    ]
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    ref_opt.zero_grad()
+    losses, logits = [], []
+    for x, y in zip(ids.chunk(ga), labels.chunk(ga)):
+        result = reference(input_ids=x, labels=y)
+        (result.loss / ga).backward()
+        losses.append(result.loss.detach())
+        logits.append(result.logits.detach())
+    ref_opt.step()
+    torch.testing.assert_close(out.loss, torch.stack(losses))
+    torch.testing.assert_close(out.logits, torch.cat(logits))
+    for name, param in reference.named_parameters():
+        torch.testing.assert_close(model.get_parameter(name), param, msg=name)
+    training.destroy()

@@ -34,7 +34,8 @@ def _op(node: fx.Node, trace: Trace) -> str:
     if node.op == "call_method":
         return f"Tensor.{node.target}"
     try:
-        return _get_qualified_name(node.target).replace("_operator.", "operator.")  # type: ignore[arg-type]
+        name = _get_qualified_name(node.target)  # type: ignore[arg-type]
+        return name.replace("_operator.", "operator.").replace("torch.ops.aten.", "aten.")
     except (AttributeError, RuntimeError, TypeError):
         return str(node.target)
 
