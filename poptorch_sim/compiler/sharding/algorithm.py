@@ -139,14 +139,14 @@ def _check_direction(
 ) -> None:
     for node, shard in shard_of.items():
         for arg in node.all_input_nodes:
-            source = shard_of.get(arg)
-            if source is not None and source.stage > shard.stage:
+            producer = shard_of.get(arg)
+            if producer is not None and producer.stage > shard.stage:
                 order = ", ".join(f"{p.node} (stage {stage})" for p, stage in ordered)
                 raise ShardingError(
                     f"{source}: the stage order sends activations backwards: node "
                     f"'{node.name}' (claimed by split point '{shard.split}', stage "
-                    f"{shard.stage}) uses '{arg.name}' (split point '{source.split}', stage "
-                    f"{source.stage}). Stages must not decrease along the graph; the split "
+                    f"{shard.stage}) uses '{arg.name}' (split point '{producer.split}', stage "
+                    f"{producer.stage}). Stages must not decrease along the graph; the split "
                     f"points in graph order are: {order}. Give later split points equal or "
                     "higher stages."
                 )
