@@ -20,6 +20,7 @@ from torch import nn
 import poptorch_sim as poptorch
 from poptorch_sim.compiler.sharding import ShardingConfig, ShardingError, assign
 from poptorch_sim.compiler.tracer import trace_model
+from poptorch_sim.shard import main as shard_main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -359,7 +360,9 @@ def test_the_sharder_annotation_wins_over_options(tmp_path: Path) -> None:
     inference.destroy()
 
 
-def test_the_shard_command_runs_a_script_with_the_yaml_applied(tmp_path: Path) -> None:
+def test_the_shard_command_runs_a_script_with_the_yaml_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "shard.yaml").write_text(
         "- {node: cos, device: 0, stage: 0}\n- {node: mul, device: 1, stage: 1}\n"
         "- {node: add_1, device: 2, stage: 2}\n"
@@ -377,18 +380,23 @@ def test_the_shard_command_runs_a_script_with_the_yaml_applied(tmp_path: Path) -
             x = torch.randn(6, 3)
             torch.testing.assert_close(model(x), Worked()(x))
             print([s.ipu for s in model._executable.program.program.stages])
+            model.destroy()
             """
         )
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "POPTORCH_SIM_OFFLINE": "1"}
-    command = [sys.executable, "-m", "poptorch_sim.shard", "--config", "shard.yaml"]
-    proc = subprocess.run(
-        [*command, "script.py", "3"], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "3 split points from shard.yaml" in proc.stdout
-    assert proc.stdout.strip().splitlines()[-1] == "[0, 1, 2]"
+    # In this process (main() sets the variable, argv and path: monkeypatch restores them).
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("POPTORCH_SIM_SHARDING_CONFIG", "unset")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert shard_main(["--config", "shard.yaml", "script.py", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 split points from shard.yaml" in out
+    assert out.strip().splitlines()[-1] == "[0, 1, 2]"
+    assert os.environ["POPTORCH_SIM_SHARDING_CONFIG"] == str(tmp_path / "shard.yaml")
+    # As a command: ``python -m poptorch_sim.shard``, here with a bad config.
     (tmp_path / "bad.yaml").write_text("- {node: cos, device: 0}\n- {node: cos, device: 1}\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "POPTORCH_SIM_OFFLINE": "1"}
     bad = subprocess.run(
         [sys.executable, "-m", "poptorch_sim.shard", "--config", "bad.yaml", "--check"],
         cwd=tmp_path, env=env, capture_output=True, text=True,

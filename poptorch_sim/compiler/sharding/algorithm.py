@@ -179,18 +179,17 @@ def assign(trace: Trace, config: ShardingConfig) -> Assignment:
     for point, node, stage in ranked:
         _walk(node, Shard(point.device, stage, point.node), shard_of)
     ops = [n for n in trace.graph.nodes if n.op in OP_KINDS]
-    leftover = None
-    if len(shard_of) < len(ops):
-        leftover = Shard(
-            max(p.device for p, _, _ in ranked) + 1, max(s for _, _, s in ranked) + 1, None
-        )
+    # PopRT's step 3; then ``out[i]`` of a tuple goes with the op that made the tuple.
+    leftover = Shard(
+        max(p.device for p, _, _ in ranked) + 1, max(s for _, _, s in ranked) + 1, None
+    )
+    result: dict[fx.Node, Shard] = {}
     for node in ops:
-        source = _tuple_source(node, trace)
-        if source is not None:
-            shard_of[node] = shard_of.get(source) or leftover  # type: ignore[assignment]
-    result = {node: shard_of.get(node) or leftover for node in ops}
-    _check_direction(result, [(p, s) for p, _, s in ranked], config.source)  # type: ignore[arg-type]
-    return Assignment(result, leftover)  # type: ignore[arg-type]
+        owner = _tuple_source(node, trace) or node
+        result[node] = result.get(owner) or shard_of.get(owner, leftover)
+    _check_direction(result, [(p, s) for p, _, s in ranked], config.source)
+    used = leftover if leftover in result.values() else None
+    return Assignment(result, used)
 
 
 def check_devices(assignment: Assignment, config: ShardingConfig, replicas: int = 1) -> int:
