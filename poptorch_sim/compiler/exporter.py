@@ -63,6 +63,9 @@ from .tracer import (
 __all__ = ["export_model"]
 
 _GRAD_HOP = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+_ASSERT_METADATA = getattr(torch.ops.aten, "_assert_tensor_metadata", None)
+_ASSERT_METADATA = getattr(_ASSERT_METADATA, "default", None)
+_STAMPS = ("block_entry", "after_exit", "location", "poptorch_stack", "grad_enabled")
 _ROOT = "model"  # the attribute under which ``_FlatInputs`` holds the user's model
 
 
@@ -115,12 +118,13 @@ def _stamping(stamper: _Stamper) -> Iterator[None]:
         return node
 
     fx.Graph.create_node = create_node  # type: ignore[method-assign]
+    previous_hook = loss_ops._loss_hook
     loss_ops.set_loss_hook(stamper.mark_loss)
     try:
         with _LossFunctions(stamper):
             yield
     finally:
-        loss_ops.set_loss_hook(None)
+        loss_ops.set_loss_hook(previous_hook)
         fx.Graph.create_node = original  # type: ignore[method-assign]
 
 
@@ -206,6 +210,7 @@ class _Rebuild:
         self._constant_ids: dict[int, str] = {}
         self._input_names = iter(input_names)
         self.input_names: list[str] = []
+        self._stamps: dict[str, Any] = {}
         self._kinds = {spec.arg.name: spec for spec in ep.graph_signature.input_specs}
 
     def constant(self, value: Any) -> fx.Node:
@@ -242,8 +247,23 @@ class _Rebuild:
             elif node.target is operator.getitem and isinstance(env[node.args[0]], tuple):
                 env[node] = env[node.args[0]][node.args[1]]  # an inlined region's result
             else:
-                env[node] = self.graph.node_copy(node, lambda a: self.value(env[a]))
+                env[node] = self.op(node, env)
         raise AssertionError("exported graph has no output node")
+
+    def op(self, node: fx.Node, env: dict[fx.Node, Any]) -> fx.Node | None:
+        """Copy an op; ops export added after ``forward`` ran take the stamps of the op before.
+
+        ``_assert_tensor_metadata`` checks (added for ``.to()`` calls) are dropped: they check
+        what the trace already fixed, and would tie their inputs to a stage of their own.
+        """
+        if node.target is _ASSERT_METADATA:
+            return None
+        copied = self.graph.node_copy(node, lambda a: self.value(env[a]))
+        if "block_entry" in copied.meta:
+            self._stamps = {k: copied.meta[k] for k in _STAMPS if k in copied.meta}
+        else:
+            copied.meta.update(self._stamps)
+        return copied
 
     def value(self, value: Any) -> Any:
         """A node of the new graph for ``value`` (objects become constants)."""
