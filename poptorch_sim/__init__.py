@@ -13,7 +13,10 @@ from . import (
     optim,
     options,
     poptorch_core,
+    profiling,
+    testing,
 )  # _impl: PopTorch programs reach poptorch._impl
+from .compiler.sharding import Sharder, list_nodes
 from .data import AsynchronousDataAccessor, DataLoader
 from .enums import (
     AnchorMode,
@@ -180,4 +183,6 @@ __all__ = [
     "__version__",
     # poptorch_sim's own additions
     "register_custom_op",
+    "Sharder",
+    "list_nodes",
 ]

@@ -16,6 +16,7 @@ __all__ = [
     "offline",
     "threads_per_ipu",
     "ipu_model",
+    "sharding_config",
 ]
 
 DEFAULT_NUM_IPUS = 64
@@ -100,6 +101,14 @@ def ipu_model() -> bool:
 def offline() -> bool:
     """``POPTORCH_SIM_OFFLINE``: never try the network (e.g. MNIST downloads); default off."""
     return (_get("POPTORCH_SIM_OFFLINE") or "0") not in ("0", "false", "False")
+
+
+def sharding_config() -> str | None:
+    """``POPTORCH_SIM_SHARDING_CONFIG``: PopRT manual sharding YAML for every compiled model.
+
+    ``python -m poptorch_sim.shard --config shard.yaml script.py`` sets it.
+    """
+    return _get("POPTORCH_SIM_SHARDING_CONFIG")
 
 
 def engine_options() -> dict[str, Any]:

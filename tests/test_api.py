@@ -95,6 +95,8 @@ POPTORCH_NAMES = {
     "testing",
     # poptorch_sim additions
     "register_custom_op",
+    "Sharder",  # PopRT's manual sharding
+    "list_nodes",
 }
 
 

@@ -144,3 +144,40 @@ def test_overlap_io_tutorial_sizes_io_tiles_by_the_rule() -> None:
     assert tutorial.io_tiles_for(tutorial.parse_args(["--size", "8"])) == 32  # at least 32
     args = tutorial.parse_args(["--batch", "8", "--size", "1024", "--classes", "10"])
     assert tutorial.io_tiles_for(args) == 192  # at most 192
+
+
+SHARDING = REPO / "tutorials" / "manual_sharding" / "resnet50_sharding.py"
+
+
+def test_manual_sharding_yaml_holds_the_tutorials_split_points() -> None:
+    from poptorch_sim.compiler.sharding import load_sharding_config
+
+    config = load_sharding_config(SHARDING.parent / "shard.yaml")
+    split_points = _load(SHARDING).SPLIT_POINTS
+    assert {p.node: (p.device, p.stage) for p in config.points} == {
+        node: (ipu, ipu) for node, ipu in split_points.items()
+    }
+
+
+def test_manual_sharding_tutorial_runs_resnet50_pipelined_on_four_ipus(tmp_path: Path) -> None:
+    profile = tmp_path / "profile"
+    out = _run(
+        SHARDING, "--image-size", "32", "--batch-size", "2", "--num-classes", "10",
+        "--gradient-accumulation", "7", "--steps", "1", "--profile-dir", str(profile),
+        cwd=tmp_path,
+    )  # fmt: skip
+    lines = out.splitlines()
+    assert [line for line in lines if line.startswith("stage ") and "ops" in line] == [
+        "stage 0 on IPU 0: 15 ops",
+        "stage 1 on IPU 1: 133 ops",
+        "stage 2 on IPU 2: 3 ops",
+        "stage 3 on IPU 3: 25 ops",
+    ]
+    loss = float(next(line for line in lines if line.startswith("step 0: loss")).split()[-1])
+    assert 0.0 < loss < 20.0
+    timeline = [line for line in lines if line.startswith("IPU ")]
+    assert [line.split("|")[2].split(",")[0].strip() for line in timeline] == [
+        f"stage {i}" for i in range(4)
+    ]
+    assert all("F" in line and "B" in line for line in timeline)
+    assert len(list(profile.glob("execution_trace_training_*.json"))) == 1

@@ -6,9 +6,11 @@
     verify     verify.py     PopTorch's compile-time checks (pipeline depth, IPU count, phases)
     loss       loss.py       the final loss (training)
     split      split.py      one GraphModule per stage, sharing the model's parameters
+    sharding   sharding/     PopRT's manual sharding: ops → stages and IPUs by named split points
+                             (replaces partition when a model has split points)
 
-Models without any block annotation do not need the compiler (``uses_blocks`` is False): the
-executor runs them eagerly on one IPU.
+Models without any block annotation or split points do not need the compiler (``uses_blocks``
+is False): the executor runs them eagerly on one IPU.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .capture import capture_method, capture_model
 from .loss import MANY_LOSSES, NO_LOSS, find_final_loss
 from .partition import NO_ACTIVE_BLOCK, Partition
 from .partition import partition as assign_stages
+from .sharding import ShardingConfig, ShardingError, partition_by_sharding, sharding_of
 from .signature import flatten_inputs
 from .split import output_layout
 from .split import split as split_stages
@@ -59,7 +62,7 @@ def uses_blocks(
     example_inputs: tuple[Any, ...] = (),
     example_kwargs: dict[str, Any] | None = None,
 ) -> bool:
-    """Whether ``model`` has block annotations (then it must go through ``compile_program``).
+    """Whether ``model`` has block annotations or split points (then it needs ``compile_program``).
 
     ``BeginBlock`` annotations are found on the modules; ``with Block`` inside ``forward`` is
     found by tracing ``forward`` once (cheap: nothing is computed). A model that cannot be
@@ -68,7 +71,7 @@ def uses_blocks(
     Raises:
         TraceFailure: tracing failed after a block was entered.
     """
-    if uses_begin_block(model):
+    if uses_begin_block(model) or sharding_of(model, options) is not None:
         return True
     return entries_seen(model, tuple(example_inputs), dict(example_kwargs or {}))
 
@@ -97,13 +100,21 @@ def compile_program(
         TraceFailure: ``forward`` cannot be captured (see ``capture_model``).
         poptorch.Error: PopTorch's compile errors (no active block, loss, depth, IPU count).
         AssertionError: unknown blocks / ``SameAsIpu`` without ``ipu_id`` (PopTorch's type).
+        ShardingError: split points that cannot be applied (see ``sharding.Sharder.run``).
     """
     strategy = _strategy(options)
-    trace = capture_model(
-        model, tuple(example_inputs), dict(example_kwargs), capture_method(options)
+    sharding = sharding_of(model, options)
+    trace = _capture(
+        model, tuple(example_inputs), dict(example_kwargs), capture_method(options), sharding
     )
-    part = assign_stages(trace, strategy)
-    check_phases(strategy, part.placements)
+    assignment = None
+    if sharding is None:
+        part = assign_stages(trace, strategy)
+        check_phases(strategy, part.placements)
+    else:
+        part, assignment = partition_by_sharding(
+            trace, sharding, strategy, options.replication_factor
+        )
     if strategy.mode == "pipelined":
         check_pipeline_depth(part.forward_stages, options, training)
     num_ipus = check_ipu_count({stage.ipu for stage in part.stages}, options)
@@ -123,8 +134,29 @@ def compile_program(
     program.meta.update(out_spec=layout.spec, out_constants=layout.constants)
     if loss is not None:
         program.meta["loss_stage"] = part.stage_of.get(loss)
+    if sharding is not None and assignment is not None:
+        program.meta.update(sharding=assignment.by_name(), sharding_source=sharding.source)
     logger.debug("poptorch_sim compiled program:\n%s", describe(program))
     return program
+
+
+def _capture(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    method: str,
+    sharding: ShardingConfig | None,
+) -> Trace:
+    """The model's trace; a model that must be sharded by node name has no eager fallback."""
+    try:
+        return capture_model(model, args, kwargs, method)
+    except TraceFailure as failure:
+        if sharding is None:
+            raise
+        raise ShardingError(
+            f"{sharding.source}: manual sharding needs the model's graph, which could not be "
+            f"captured: {failure}"
+        ) from failure
 
 
 def _meta(

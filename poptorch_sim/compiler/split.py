@@ -6,7 +6,8 @@ stage, the program output or the loss needs. Parameters, buffers and sub-modules
 model's own objects, referenced by every stage that uses them (``get_attr`` nodes are copied
 into each such stage), never copied. A program output that no stage computes (an input or a
 parameter returned as is) is passed through the last stage. Ops traced under
-``torch.no_grad()`` run with gradients disabled in their stage too.
+``torch.no_grad()`` run with gradients disabled in their stage too. A stage input that an op
+of the stage writes into in place is cloned first (see ``_mutated_inputs``).
 """
 
 from __future__ import annotations
@@ -108,14 +109,48 @@ class _GradMode:
             self._graph.call_function(torch._C._set_grad_enabled, (self._saved,))
 
 
+def _mutates_first_argument(node: fx.Node, trace: Trace) -> bool:
+    """Whether ``node`` writes into its first argument (``nn.ReLU(inplace=True)``, ``x.add_``)."""
+    if node.op == "call_module":
+        return getattr(trace.resolve(str(node.target)), "inplace", False) is True
+    if node.op == "call_method":
+        name = str(node.target)
+        return name.endswith("_") and not name.endswith("__") and name != "requires_grad_"
+    if node.op == "call_function":
+        name = getattr(node.target, "__name__", "").split(".")[0]  # aten: "relu_.default"
+        return node.kwargs.get("inplace") is True or (
+            name.endswith("_") and not name.endswith("__")
+        )
+    return False
+
+
+def _mutated_inputs(trace: Trace, nodes: list[fx.Node], inputs: list[fx.Node]) -> set[fx.Node]:
+    """The stage inputs an op of the stage writes into: the stage gets its own copy of those.
+
+    A received value is the sending stage's tensor (detached, same storage), which that stage
+    may still need for its backward, and a leaf that requires grad, which autograd forbids
+    writing into. A cut just before ``nn.ReLU(inplace=True)`` (as in torchvision's ResNets)
+    does exactly that.
+    """
+    wanted = set(inputs)
+    return {
+        node.args[0]
+        for node in nodes
+        if node.args and node.args[0] in wanted and _mutates_first_argument(node, trace)
+    }  # type: ignore[misc]
+
+
 def _build_stage(
     trace: Trace, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node], name: str
 ) -> fx.GraphModule:
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
+    mutated = _mutated_inputs(trace, nodes, inputs)
     for node in inputs:
         env[node] = graph.placeholder(node.name)
         env[node].meta = dict(node.meta)
+        if node in mutated:
+            env[node] = graph.call_method("clone", (env[node],))
 
     def local(node: fx.Node) -> fx.Node:
         if node not in env and node.op == "get_attr":

@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 from .. import env
 from ..compiler import TraceFailure
 from ..compiler.overlap import check_overlapped_io, num_io_tiles
+from ..compiler.sharding import sharding_of
 from ..distributed import synchronize_weights
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
@@ -226,7 +227,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
     ) -> EagerProgram | StagedRunner:
         first = layout.micro_batch(bound.map_tensors(_to_device_dtype), 0, 0, 0)
         eager = None
-        if not uses_begin_block(device.model):
+        if not uses_begin_block(device.model) and sharding_of(device.model, self._options) is None:
             eager = self._eager_program(device, first, layout)
             if not eager.blocks_seen:
                 return eager

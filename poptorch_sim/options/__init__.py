@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import env
@@ -267,6 +269,33 @@ class Options(OptionsDict):
                 f"ShardedExecution, ...), got {type(strategy).__name__}"
             )
         self._execution_strategy = strategy
+        return self
+
+    def setManualShardingConfig(self, config: str | os.PathLike[str] | list[dict]) -> Options:
+        """Cut the model at named nodes, PopRT's way (instead of by blocks).
+
+        Simulated (PopRT, not PopTorch): the same as ``poprt --manual_sharding_config``. The
+        config is PopRT's list of ``{node, device, stage}`` (a YAML file read with PyYAML, or
+        the list itself); see ``poptorch_sim.Sharder`` for the rule and
+        ``poptorch_sim.list_nodes`` for the node names. Node names are checked when the model
+        compiles.
+
+        Args:
+            config: path of the YAML file, or the list of entries.
+
+        Raises:
+            poptorch_sim.compiler.sharding.ShardingError: unreadable file, not PopRT's format,
+                or a node listed twice.
+
+        >>> opts = Options().setManualShardingConfig([{"node": "add", "device": 0, "stage": 0}])
+        """
+        from ..compiler.sharding.config import ShardingConfig, load_sharding_config
+
+        if isinstance(config, list):
+            parsed = ShardingConfig.from_entries(config, "Options.setManualShardingConfig")
+        else:
+            parsed = load_sharding_config(config)
+        self.createOrSet(manual_sharding=(parsed.to_entries(), parsed.source))
         return self
 
     def setAvailableMemoryProportion(
