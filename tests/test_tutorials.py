@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,23 @@ def test_manual_sharding_tutorial_runs_resnet50_pipelined_on_four_ipus(tmp_path:
     ]
     assert all("F" in line and "B" in line for line in timeline)
     assert len(list(profile.glob("execution_trace_training_*.json"))) == 1
+
+
+PACKING = REPO / "tutorials" / "packing" / "packed_bert.py"
+PACKING_TINY = [
+    "--num-samples", "48", "--max-seq-len", "32", "--mean-len", "16", "--batch-size", "4",
+    "--max-sequences-per-pack", "4", "--hidden-size", "32", "--layers", "1", "--producers", "3",
+]  # fmt: skip
+
+
+def test_packing_tutorial_runs_and_packing_changes_no_answer(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    out = _run(PACKING, *PACKING_TINY, cwd=tmp_path)
+    assert "48 requests, mean length" in out
+    for mode in ("padded", "packed offline", "packed online"):
+        assert re.search(rf"^{mode}\s+[\d.]+\s+[\d.]+x\s+[\d.]+$", out, re.M), out
+    differences = re.findall(r"mean \|difference\| of outputs, .* vs .*: (\S+)", out)
+    assert len(differences) == 3, out
+    assert all(float(d) < 1e-5 for d in differences), out
+    rows = int(re.search(r"packed them into (\d+) rows", out).group(1))
+    assert rows < 48  # packing put several requests in a row
