@@ -22,8 +22,8 @@ def _extensions() -> tuple[list, dict]:
         and (torch.cuda.is_available() or os.environ.get("POPTORCH_SIM_BUILD_CUDA") == "1")
         and cpp_extension.CUDA_HOME is not None
     )
-    # -g0 overrides the -g in Python's CFLAGS: the debug info cost compile time and made the
-    # library 31 MB instead of 2 MB.
+    # -g0 overrides the -g in Python's CFLAGS: with debug info, compiling csrc/library.cpp took
+    # 58 instead of 25 CPU seconds, and the library was 31 MB instead of 2 MB.
     cxx = ["-O3", "-g0", "-std=c++20", "-fopenmp", "-ffp-contract=off"]
     kwargs = dict(
         name="poptorch_sim._C",
