@@ -74,6 +74,56 @@ def sort_rows(quick: bool) -> list[Row]:
     return rows
 
 
+def short_sort_rows(quick: bool) -> list[Row]:
+    """Batches of short rows (2^20 float32 in all) against torch.sort and numpy."""
+    total = 1 << (16 if quick else 20)
+    repeats = 3 if quick else 9
+    rows = []
+    for n in (16, 64, 256, 1024, 4096):
+        x = torch.randn(total // n, n)
+        xn = x.numpy()
+        values, indices = kernels.sort(x, dim=1)
+        ref_values, ref_indices = torch.sort(x, dim=1, stable=True)
+        size = f"{total // n}x{n}"
+
+        def same_contract_numpy(xn: np.ndarray = xn) -> tuple[np.ndarray, np.ndarray]:
+            order = np.argsort(xn, axis=1, kind="stable")
+            return np.take_along_axis(xn, order, axis=1), order
+
+        np_values, np_indices = same_contract_numpy()
+        rows += [
+            Row(
+                "sort rows",
+                size,
+                *interleaved(
+                    lambda x=x: kernels.sort(x, dim=1), lambda x=x: torch.sort(x, dim=1), repeats
+                ),  # fmt: skip
+                "torch.sort",
+                torch.equal(values, ref_values) and torch.equal(indices, ref_indices),
+            ),
+            Row(
+                "sort rows",
+                size,
+                *interleaved(lambda x=x: kernels.sort(x, dim=1), same_contract_numpy, repeats),
+                "np stable argsort+take",
+                bool(
+                    np.array_equal(values.numpy(), np_values)
+                    and np.array_equal(indices.numpy(), np_indices)
+                ),
+            ),
+            Row(
+                "sort rows",
+                size,
+                *interleaved(
+                    lambda x=x: kernels.sort(x, dim=1), lambda xn=xn: np.sort(xn, axis=1), repeats
+                ),
+                "np.sort (values only)",
+                bool(np.array_equal(values.numpy(), np.sort(xn, axis=1))),
+            ),
+        ]
+    return rows
+
+
 def topk_rows(quick: bool) -> list[Row]:
     """topk k=1000 of 1M float32 against torch.topk."""
     n = 1 << (16 if quick else 20)
@@ -203,6 +253,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sections = {
         "sort": sort_rows,
+        "short": short_sort_rows,
         "topk": topk_rows,
         "nms": nms_rows,
         "retinanet": retinanet_rows,

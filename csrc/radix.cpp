@@ -12,7 +12,6 @@ namespace sorting {
 
 namespace {
 
-constexpr int64_t kInsertionSortMax = 48;
 constexpr int64_t kCacheResident = 32768;  // items sorted digit by digit inside L2
 
 inline uint32_t high_word(uint64_t item) { return static_cast<uint32_t>(item >> 32); }
@@ -184,8 +183,8 @@ void lsd_sort(uint64_t* items, uint64_t* scratch, int64_t n, int top) {
 // sorts them completely. Large inputs take one most-significant-digit scatter per level until
 // the buckets fit in cache, where least-significant-digit passes finish them.
 void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
-  if (n <= kInsertionSortMax) {
-    insertion_sort(items, n);
+  if (n <= bitonic::kBitonicBaseMax) {
+    bitonic::sort_small(items, n);
     return;
   }
   const uint32_t diff = differing_bits(items, n);

@@ -23,7 +23,6 @@ constexpr int64_t kCacheResident = 32768;  // a group this small is sorted insid
 constexpr int64_t kSmallGroup = 2048;
 constexpr int kStreamsPerTile = 4;
 constexpr int kLsdBits = 11;   // widest digit of a cache-resident pass
-constexpr int64_t kInsertionSortMax = 32;
 
 // The work unit of every superstep: a tile's share runs as kStreamsPerTile streams that the
 // host threads claim one by one (see [Note: tile pool]), so a descheduled thread holds up
@@ -199,9 +198,9 @@ const uint64_t* sort_group(const uint64_t* src, int64_t m, int top, uint64_t* a,
   if (top < 0 || m <= 1) {
     return src;
   }
-  if (m <= kInsertionSortMax) {
+  if (m <= bitonic::kBitonicBaseMax) {
     std::memcpy(a, src, static_cast<size_t>(m) * sizeof(uint64_t));
-    insertion_sort(a, m);
+    bitonic::sort_small(a, m);
     return a;
   }
   const int passes = top / kLsdBits + 1;

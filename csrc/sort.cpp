@@ -2,6 +2,8 @@
 // See [Note: sort keys] in sort.h, [Note: scatter sort] in scatter_sort.h, [Note: tile engine].
 #include "scatter_sort.h"
 
+#include "bitonic.h"
+
 #include <cstdlib>
 #include <memory>
 #include <tuple>
@@ -101,6 +103,30 @@ void sort_rows_per_tile(
   scope.add_compare_exchanges(static_cast<int64_t>(static_cast<double>(rows * n) * log_n));
 }
 
+// Longest row sorted whole by the bitonic network (see [Note: bitonic network]).
+constexpr int64_t kBitonicRowMax = 4096;
+
+// Short rows of packed items: each tile sorts whole rows with the bitonic network.
+template <typename Codec, typename scalar_t>
+void sort_rows_bitonic(
+    const scalar_t* in, int64_t rows, int64_t n, uint32_t flip, scalar_t* values,
+    int64_t* indices, KernelScope& scope) {
+  const int64_t tiles = std::min(engine::num_tiles(), rows);
+  const auto sort_rows = simd::pick(simd::level(), &bitonic::sort_rows_avx512<Codec, scalar_t>,
+                                    &bitonic::sort_rows_avx2<Codec, scalar_t>,
+                                    &bitonic::sort_rows_base<Codec, scalar_t>);
+  const int64_t size = bitonic::padded_size(n, 8);
+  scope.superstep(tiles, [&](int64_t tile) {
+    std::unique_ptr<int64_t[]> buf(new int64_t[size]);
+    sort_rows(in, split_point(rows, tiles, tile), split_point(rows, tiles, tile + 1), n, flip,
+              values, indices, buf.get());
+  }, rows * n);
+  const auto log_size = static_cast<int64_t>(
+      std::log2(static_cast<double>(bitonic::padded_size(n, 1))));
+  scope.add_compare_exchanges(rows * bitonic::padded_size(n, 1) / 2 * log_size * (log_size + 1) /
+                              2);
+}
+
 }  // namespace
 
 const char* supported_dtypes_message() {
@@ -142,6 +168,12 @@ void sort_last_dim(
     const scalar_t* in = input.const_data_ptr<scalar_t>();
     scalar_t* out = values.defined() ? values.mutable_data_ptr<scalar_t>() : nullptr;
     int64_t* idx = indices.mutable_data_ptr<int64_t>();
+    if constexpr (std::is_same<typename Codec::Item, uint64_t>::value) {
+      if (n <= kBitonicRowMax) {
+        sort_rows_bitonic<Codec>(in, rows, n, flip, out, idx, scope);
+        return;
+      }
+    }
     if (rows >= 2 && n < (int64_t{1} << 15)) {
       sort_rows_per_tile<Codec>(in, rows, n, flip, out, idx, scope);
     } else {

@@ -22,6 +22,7 @@
 
 #include <ATen/ATen.h>
 
+#include "bitonic.h"
 #include "tile_engine.h"
 
 namespace poptorch_sim {
@@ -132,25 +133,15 @@ struct Codec64 {
   static void local_sort(Item* items, Item* /*scratch*/, int64_t n) { std::sort(items, items + n); }
 };
 
-// Sorts a few packed items in place (the base case of the radix and scatter sorts).
-inline void insertion_sort(uint64_t* items, int64_t n) {
-  for (int64_t i = 1; i < n; ++i) {
-    const uint64_t item = items[i];
-    int64_t j = i;
-    for (; j > 0 && items[j - 1] > item; --j) {
-      items[j] = items[j - 1];
-    }
-    items[j] = item;
-  }
-}
-
 // Sorts packed items whose low words are already ascending (as built) by their high words:
 // radix sort with digits of at most 12 bits, skipping digits every item shares.
 void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n);
 
 template <typename scalar_t>
 void Codec32<scalar_t>::local_sort(Item* items, Item* scratch, int64_t n) {
-  if (n > 48 && n <= 256) {
+  if (n <= bitonic::kBitonicBaseMax) {
+    bitonic::sort_small(items, n);
+  } else if (n <= 256) {
     std::sort(items, items + n);
   } else {
     radix_sort_high_words(items, scratch, n);

@@ -1,0 +1,127 @@
+"""Short rows and the in-cache base case of the sort (the bitonic network) against torch.sort."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from poptorch_sim import kernels
+from poptorch_sim.kernels import engine
+
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int32,
+    torch.int64,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+]
+# Around every power of two the network pads to, up to the longest rows the issue names.
+LENGTHS = [1, 2, 3, 5, 8, 15, 16, 17, 31, 33, 64, 100, 255, 256, 257, 1000, 1024, 4095, 4096]
+SPECIALS = [float("nan"), -float("nan"), float("inf"), float("-inf"), -0.0, 0.0]
+LEVELS = engine.SIMD_LEVELS[: engine.SIMD_LEVELS.index(kernels.supported_simd_level()) + 1]
+
+
+def _rows(rows: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Rows with duplicates in every row and, for floats, NaN of both signs, +-inf and +-0.0."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        x = torch.randn(rows, n, generator=g, dtype=torch.float64) * 100
+        x[:, ::2] = torch.randint(-8, 8, (rows, (n + 1) // 2), generator=g) / 4  # duplicates
+        x = x.to(dtype)
+        for row in range(rows):
+            places = torch.randperm(n, generator=g)[: min(n, len(SPECIALS))]
+            x[row, places] = torch.tensor(SPECIALS[: len(places)], dtype=dtype)
+        return x
+    info = torch.iinfo(dtype)
+    x = torch.randint(info.min, info.max, (rows, n), generator=g, dtype=torch.int64)
+    x[:, ::2] = torch.randint(-3, 3, (rows, (n + 1) // 2), generator=g)  # duplicates
+    return x.clamp(info.min, info.max).to(dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.contiguous().view(as_int[t.element_size()])
+
+
+def _check(x: torch.Tensor, dim: int = -1, descending: bool = False) -> None:
+    values, indices = kernels.sort(x, dim=dim, descending=descending)
+    ref_values, ref_indices = torch.sort(x, dim=dim, descending=descending, stable=True)
+    # Stable: the same indices; values bit for bit the input's elements (NaN payloads, -0.0),
+    # gathered as integers because torch's bfloat16 gather rewrites NaN bits.
+    assert torch.equal(indices, ref_indices)
+    assert torch.equal(_bits(values), _bits(x).gather(dim, ref_indices))
+    torch.testing.assert_close(values, ref_values, equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(kernels.argsort(x, dim=dim, descending=descending), ref_indices)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("descending", [False, True], ids=["ascending", "descending"])
+@pytest.mark.parametrize("length", LENGTHS, ids=lambda n: f"n{n}")
+def test_short_rows_match_stable_torch_sort(
+    dtype: torch.dtype, descending: bool, length: int
+) -> None:
+    _check(_rows(5, length, dtype, seed=length), descending=descending)
+
+
+@pytest.mark.parametrize("length", [16, 64, 256], ids=lambda n: f"n{n}")
+def test_many_rows_spread_over_tiles_and_one_row_alone(length: int) -> None:
+    _check(_rows(3001, length, torch.float32, seed=1))
+    _check(_rows(1, length, torch.float32, seed=2), descending=True)
+    with kernels.tiles(3):
+        _check(_rows(7, length, torch.bfloat16, seed=3))
+
+
+def test_non_contiguous_rows_and_other_dims() -> None:
+    wide = _rows(40, 200, torch.float32, seed=4)
+    _check(wide[:, ::2])  # strided rows of 100
+    _check(wide[::3, 7:70])  # a window
+    _check(wide.t(), dim=0)  # sorted along the strided dim
+    cube = _rows(6, 30 * 17, torch.float16, seed=5).view(6, 30, 17)
+    for dim in range(3):
+        _check(cube, dim=dim, descending=dim == 1)
+    _check(_rows(1, 50, torch.int16, seed=6).view(50), dim=0)  # one 1-D row
+
+
+def test_all_equal_and_already_sorted_rows() -> None:
+    _check(torch.zeros(9, 33))
+    _check(torch.full((4, 64), float("nan")))
+    _check(torch.arange(256.0).repeat(3, 1), descending=True)
+    _check(torch.arange(256, 0, -1, dtype=torch.int32).repeat(3, 1))
+
+
+@pytest.mark.parametrize(
+    "level",
+    [
+        pytest.param(
+            level,
+            marks=pytest.mark.skipif(
+                level not in LEVELS[:-1], reason=f"{level} is not narrower than {LEVELS[-1]} here"
+            ),
+        )
+        for level in engine.SIMD_LEVELS[:-1]
+    ],
+)
+def test_narrower_variants_give_the_same_bits(level: str) -> None:
+    # Short rows of every length the network pads differently, and one long row whose
+    # scatter-sort groups (about 32 items each) take the network as their base case.
+    cases = [_rows(33, n, dtype, seed=n) for n in (3, 16, 17, 100, 256) for dtype in DTYPES[:3]]
+    long_row = _rows(1, 1 << 17, torch.float32, seed=7).view(-1)
+    cases += [long_row, long_row.to(torch.int32)]
+    with kernels.simd(LEVELS[-1]):
+        widest = [kernels.sort(x, descending=True) for x in cases]
+    with kernels.simd(level):
+        narrower = [kernels.sort(x, descending=True) for x in cases]
+    for (got_values, got_indices), (values, indices) in zip(narrower, widest, strict=True):
+        assert torch.equal(got_indices, indices)
+        assert torch.equal(_bits(got_values), _bits(values))
+
+
+def test_long_rows_with_network_base_case_match_torch_sort() -> None:
+    # 2^17 random keys: the scatter sort's groups hold ~32 items, sorted by the network.
+    _check(_rows(1, 1 << 17, torch.float32, seed=8).view(-1))
+    _check(_rows(1, 1 << 17, torch.int8, seed=9).view(-1), descending=True)
+    _check(_rows(2, 40_000, torch.float16, seed=10))  # per-tile slices and merges
