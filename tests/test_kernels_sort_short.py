@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_kernels_sort import DTYPES  # every dtype the sort takes
 
 from poptorch_sim import kernels
 from poptorch_sim.kernels import engine
 
-DTYPES = [
-    torch.float32,
-    torch.float16,
-    torch.bfloat16,
-    torch.float64,
-    torch.int32,
-    torch.int64,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-]
 # Around every power of two the network pads to, up to the longest rows the issue names.
 LENGTHS = [1, 2, 3, 5, 8, 15, 16, 17, 31, 33, 64, 100, 255, 256, 257, 1000, 1024, 4095, 4096]
 SPECIALS = [float("nan"), -float("nan"), float("inf"), float("-inf"), -0.0, 0.0]
