@@ -34,6 +34,7 @@ from ..optim.snapshot import OptimizerSnapshot
 from ..options import Options
 from ..printing import module_repr
 from ..profiling.trace import TraceRecorder
+from ..runtime.dtypes import device_dtype
 from ..runtime.intra_op import resolve_threads_per_ipu
 from ..runtime.io_tiles import IoTiles
 from . import hooks
@@ -484,8 +485,7 @@ def _to_device_dtype(t: torch.Tensor) -> torch.Tensor:
     if t.requires_grad:
         warning_once(_DETACHED_INPUT)
         t = t.detach()
-    # An IPU has no float64: float64 inputs are converted before they are uploaded.
-    return t.float() if t.dtype == torch.float64 else t
+    return t.to(device_dtype(t.dtype))
 
 
 def _check_updatable_buffers(options: Options, model: nn.Module) -> None:

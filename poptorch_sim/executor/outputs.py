@@ -21,6 +21,7 @@ import torch
 from ..enums import OutputMode
 from ..errors import Error
 from ..kernels.streams import assemble
+from ..runtime.dtypes import host_dtype
 from .batching import Layout
 
 __all__ = ["OutputCollector", "BACKWARD_ERROR", "block_backward", "demote"]
@@ -31,13 +32,10 @@ BACKWARD_ERROR = (
     "you're using an inferenceModel, you should use a trainingModel instead."
 )
 
-_DEMOTED = {torch.int64: torch.int32, torch.float64: torch.float32}
-
 
 def demote(t: torch.Tensor) -> torch.Tensor:
     """The tensor as an IPU returns it (int64 → int32, float64 → float32)."""
-    target = _DEMOTED.get(t.dtype)
-    return t.to(target) if target is not None else t
+    return t.to(host_dtype(t.dtype))
 
 
 def _raise_backward(*args: Any, **kwargs: Any) -> None:

@@ -53,9 +53,10 @@ from ..errors import Error
 from ..logger import logger
 from ..profiling.trace import TraceRecorder
 from ..profiling.utilisation import plot_utilisation
+from .dtypes import device_dtype, host_dtype
 from .intra_op import restore_default_threads, set_worker_threads
 
-__all__ = ["IoTiles", "TILES_PER_IPU", "thread_split", "device_dtype", "write_report"]
+__all__ = ["IoTiles", "TILES_PER_IPU", "thread_split", "write_report"]
 
 TILES_PER_IPU = 1472  # a Mk2 GC200
 POLL_S = 0.05  # how often a blocked wait re-checks for close()
@@ -64,14 +65,6 @@ STOP: Any = "STOP"
 
 Compute = Callable[[Any, int], list[Any]]
 Mapper = Callable[[Any, Callable[[torch.Tensor], torch.Tensor]], Any]
-
-_TO_DEVICE = {torch.float64: torch.float32}
-_TO_HOST = {torch.float64: torch.float32, torch.int64: torch.int32}
-
-
-def device_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype an input has on the IPU (float64 → float32, others kept)."""
-    return _TO_DEVICE.get(dtype, dtype)
 
 
 def thread_split(threads: int, num_io_tiles: int) -> tuple[int, int]:
@@ -351,7 +344,7 @@ class _Streams:
             item.events.append(computed)
 
     def store(self, value: torch.Tensor, item: _Item) -> torch.Tensor:
-        target = _TO_HOST.get(value.dtype, value.dtype)
+        target = host_dtype(value.dtype)
         value = value.detach()
         if not (self.cuda and value.is_cuda):
             return torch.empty(value.shape, dtype=target).copy_(value)
@@ -367,7 +360,7 @@ class _Streams:
         if self.cuda:
             self.store_stream.synchronize()
             item.values = [
-                v.to(_TO_HOST.get(v.dtype, v.dtype)) if isinstance(v, torch.Tensor) else v
+                v.to(host_dtype(v.dtype)) if isinstance(v, torch.Tensor) else v
                 for v in item.values
             ]
 
