@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import runpy
 import sys
 
 from .compiler.sharding import ShardingError, load_sharding_config
+from .script import run_program
 
 __all__ = ["main"]
 
@@ -62,9 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.script is None:
         parser.error("a script to run is required (or --check)")
     os.environ[_ENV] = os.path.abspath(args.config)
-    sys.argv = [args.script, *args.args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
-    runpy.run_path(args.script, run_name="__main__")
+    run_program(args.script, args.args)
     return 0
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import runpy
 import sys
 from collections.abc import Mapping
 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
+
+from ..script import run_program
 
 __all__ = ["main", "popdist_environment"]
 
@@ -93,9 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     replicas = ns.num_replicas if ns.num_replicas is not None else world
     os.environ.update(popdist_environment(os.environ, replicas, ns.ipus_per_replica))
-    sys.argv = [ns.program, *ns.args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(ns.program)))
-    runpy.run_path(ns.program, run_name="__main__")
+    run_program(ns.program, ns.args)
     if dist.is_initialized():
         dist.destroy_process_group()
 
