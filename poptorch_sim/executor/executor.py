@@ -141,6 +141,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
             OutputMode(opts.output_mode), opts.output_return_period, exe.layout
         )
         trainer = exe.trainer
+        if trainer is not None and getattr(self._optimizer, "ipu_state_is_dirty", False):
+            self._connect_optimizer_state()  # a loaded state is written before the run uses it
         self._last_run["input"] = time.perf_counter()
         if exe.io is not None:
             if any(t.requires_grad for t in bound.tensors()):
@@ -162,8 +164,6 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         self._last_run["output_complete"] = time.perf_counter()
         if trainer is not None:
             self._dirty_host_weights = True
-            if getattr(self._optimizer, "ipu_state_is_dirty", False):
-                self._connect_optimizer_state()
             # The user's optimizer never steps on the host; LR schedulers must not warn.
             self._optimizer._opt_called = True  # type: ignore[union-attr]
             if hasattr(self._optimizer, "host_state_is_dirty"):
