@@ -113,6 +113,108 @@ def test_poptorch_optimizer_state_dict_reads_device_state() -> None:
     torch.testing.assert_close(state["Accl1___lin.weight"], exp_avg)
 
 
+def _eager_steps(model: nn.Module, opt: torch.optim.Optimizer, batches) -> None:
+    for x, y in batches:
+        opt.zero_grad()
+        model(x, y)[1].backward()
+        opt.step()
+
+
+def test_specific_learning_rate_trains_only_its_weight_until_set_optimizer() -> None:
+    model = Net()
+    eager = copy.deepcopy(model)
+    opt = poptorch.optim.Adam(model.parameters(), lr=0.01)
+    training = poptorch.trainingModel(model, optimizer=opt)
+    batches = [_data() for _ in range(3)]
+    training(*batches[0])
+    state = opt.state_dict()
+    state["ipu_param"]["learningRate___specific___lin.weight"] = torch.tensor(0.5)
+    opt.load_state_dict(state)
+    training(*batches[1])
+    read = opt.state_dict()["ipu_param"]
+    torch.testing.assert_close(read["learningRate___specific___lin.weight"], torch.tensor(0.5))
+    torch.testing.assert_close(read["learningRate___specific___lin.bias"], torch.tensor(0.01))
+    # setOptimizer writes every value again: the group's learning rate for both.
+    training.setOptimizer(opt)
+    training(*batches[2])
+    read = opt.state_dict()["ipu_param"]
+    torch.testing.assert_close(read["learningRate___specific___lin.weight"], torch.tensor(0.01))
+    # Eager: lin.weight in a group of its own for the second step.
+    eager_opt = torch.optim.Adam(
+        [{"params": [eager.lin.weight]}, {"params": [eager.lin.bias]}], lr=0.01
+    )
+    _eager_steps(eager, eager_opt, batches[:1])
+    eager_opt.param_groups[0]["lr"] = 0.5
+    _eager_steps(eager, eager_opt, batches[1:2])
+    eager_opt.param_groups[0]["lr"] = 0.01
+    _eager_steps(eager, eager_opt, batches[2:])
+    torch.testing.assert_close(model.lin.weight, eager.lin.weight)
+    torch.testing.assert_close(model.lin.bias, eager.lin.bias)
+
+
+class TinyGradients(nn.Module):
+    """float16 activations whose gradients underflow to 0 without loss scaling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = nn.functional.linear(x.half(), self.lin.weight.half(), self.lin.bias.half())
+        return out, poptorch.identity_loss(out.float().sum() * 1e-8, reduction="none")
+
+
+def test_imported_loss_scaling_is_used_and_reported() -> None:
+    model = TinyGradients()
+    eager = copy.deepcopy(model)
+    opt = poptorch.optim.SGD(model.parameters(), lr=1e7, loss_scaling=1.0)
+    training = poptorch.trainingModel(model, optimizer=opt)
+    x = torch.randn(4, 4)
+    before = model.lin.weight.detach().clone()
+    training(x)
+    torch.testing.assert_close(model.lin.weight, before)  # float16 gradients underflowed
+    state = opt.state_dict()
+    opt.load_state_dict({**state, "ipu_param": {"lossScaling_FLOAT": torch.tensor(2.0**16)}})
+    training(x)
+    assert opt.state_dict()["ipu_param"]["lossScaling_FLOAT"].item() == 2.0**16
+    # Eager: the same step with the loss scaled by 2^16 and the gradients unscaled.
+    eager_opt = torch.optim.SGD(eager.parameters(), lr=1e7)
+    (eager(x)[1] * 2.0**16).backward()
+    for p in eager.parameters():
+        p.grad /= 2.0**16
+    eager_opt.step()
+    assert (eager.lin.weight - before).abs().min() > 1e-3
+    torch.testing.assert_close(model.lin.weight, eager.lin.weight)
+    training.setOptimizer(opt)  # the optimizer's own loss scaling again
+    training(x)
+    assert opt.state_dict()["ipu_param"]["lossScaling_FLOAT"].item() == 1.0
+
+
+@pytest.mark.parametrize(
+    ("make", "ga", "has_velocity"),
+    [
+        (lambda p: poptorch.optim.SGD(p, lr=0.1), 1, False),
+        (lambda p: poptorch.optim.SGD(p, lr=0.1, momentum=0.0), 1, True),
+        (lambda p: poptorch.optim.SGD(p, lr=0.1), 2, True),
+    ],
+    ids=["constant-0", "variable-0", "constant-0-ga"],
+)
+def test_sgd_velocity_follows_popart_variant(make, ga, has_velocity) -> None:
+    model = Net()
+    eager = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(ga)
+    opt = make(model.parameters())
+    training = poptorch.trainingModel(model, opts, optimizer=opt)
+    x, y = _data(4 * ga)
+    training(x, y)
+    state = opt.state_dict()["ipu_state"]
+    names = {"Accl1___lin.weight", "Accl1___lin.bias"}
+    assert set(state) == (names if has_velocity else set())
+    train_reference(eager, torch.optim.SGD(eager.parameters(), lr=0.1), (x, y), 1, ga, 1)
+    torch.testing.assert_close(model.lin.weight, eager.lin.weight)
+
+
 def test_save_and_load_round_trip(tmp_path) -> None:
     model = Net()
     training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))

@@ -14,7 +14,12 @@ from torch.testing import assert_close
 
 from poptorch_sim.errors import Error
 from poptorch_sim.optim import LAMB, SGD, Adam, AdamW, Optimizer, RMSprop, VariableAttributes
-from poptorch_sim.optim.device import apply_hyperparameters, device_optimizer, prepare_gradients_
+from poptorch_sim.optim.device import (
+    apply_hyperparameters,
+    device_optimizer,
+    prepare_gradients_,
+    restore_groups_,
+)
 from poptorch_sim.optim.ipu_state import export_state, import_state
 from poptorch_sim.optim.replacement import check_update
 from poptorch_sim.optim.snapshot import OptimizerSnapshot, snapshot
@@ -878,11 +883,10 @@ def test_state_import_resumes_training_exactly(name, make):
     assert_close(second_params, first_params, rtol=0, atol=0)
 
 
-def test_import_partial_state_and_hyperparameters():
+def test_import_partial_state_and_hyperparameters(caplog):
     model = _model()
     snap = snapshot(Adam(model.parameters(), lr=0.01))
     device = device_optimizer(snap, _clone_params(model))
-    ipu_state, ipu_param = export_state(device, snap, _names(model))
     new_state = {"Accl1___0.weight": torch.full((3, 4), 2.0)}
     new_param = {
         "learningRate___specific___0.weight": torch.tensor(0.5),
@@ -890,13 +894,135 @@ def test_import_partial_state_and_hyperparameters():
         "unknown___specific___0.bias": torch.tensor(1.0),
     }
     import_state(device, snap, _names(model), new_state, new_param)
+    assert "unknown___specific___0.bias" in caplog.text
     state, param = export_state(device, snap, _names(model))
     assert_close(state["Accl1___0.weight"], torch.full((3, 4), 2.0))
     assert_close(state["Accl2___0.weight"], torch.zeros(3, 4))
-    assert_close(param["learningRate___specific___0.bias"], torch.tensor(0.5))
-    assert_close(param["beta1___specific___0.weight"], torch.tensor(0.7))
-    assert_close(param["beta2___specific___0.weight"], torch.tensor(0.999))
+    # A "specific" value belongs to its one parameter, as in PopART.
+    assert_close(param["learningRate___specific___0.weight"], torch.tensor(0.5))
+    assert_close(param["learningRate___specific___0.bias"], torch.tensor(0.01))
+    assert_close(param["beta1___specific___0.bias"], torch.tensor(0.7))
+    assert_close(param["beta1___specific___0.weight"], torch.tensor(0.9))
+    assert_close(param["beta2___specific___0.bias"], torch.tensor(0.999))
     import_state(device, snap, _names(model), None, None)  # nothing to write
+
+
+SPECIFIC_CASES = [
+    # (id, optimizer, PopART name, value written, the eager group's values for that parameter)
+    ("adam-lr", lambda p: Adam(p, lr=0.01), "learningRate", 0.5, {"lr": 0.5}),
+    ("sgd-scaled-lr", lambda p: SGD(p, lr=0.1, momentum=0.9, dampening=0.5, loss_scaling=4.0),
+     "scaledLearningRate0", 0.05, {"lr": 0.05 * 4.0 / 0.5}),
+    ("sgd-decay-factor", lambda p: SGD(p, lr=0.1, weight_decay=0.01),
+     "weightDecayScaleFactor0", 0.9, {"weight_decay": 1.0}),
+    ("rmsprop-tf-momentum", lambda p: RMSprop(p, lr=0.01, momentum=0.5, use_tf_variant=True),
+     "momentum", 0.25, {"momentum": 0.25}),
+    ("lamb-beta1", lambda p: LAMB(p, lr=0.01), "beta1", 0.5, {"betas": (0.5, 0.999)}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, make, popart, value, own", SPECIFIC_CASES,
+                         ids=[c[0] for c in SPECIFIC_CASES])  # fmt: skip
+def test_specific_hyperparameter_changes_only_its_parameter(name, make, popart, value, own):
+    model = _model()
+    names = _names(model)
+    snap = snapshot(make(model.parameters()))
+    params = _clone_params(model)
+    device = device_optimizer(snap, params)
+    key = f"{popart}___specific___2.weight"
+    _, before = export_state(device, snap, names)
+    import_state(device, snap, names, None, {key: torch.tensor(value)})
+    _, read = export_state(device, snap, names)
+    assert_close(read[key], torch.tensor(value))
+    assert_close({k: v for k, v in read.items() if k != key},
+                 {k: v for k, v in before.items() if k != key})  # fmt: skip
+    # Eager: the same optimizer with 2.weight in a group of its own.
+    eager_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    alone = eager_params[names.index("2.weight")]
+    others = [p for p in eager_params if p is not alone]
+    eager = make([{"params": others}, {"params": [alone], **own}])
+    eager = device_optimizer(snapshot(eager), [*others, alone])
+    for _ in range(2):
+        grads = [torch.randn_like(p) for p in params]
+        _set_grads(params, grads)
+        _set_grads(eager_params, grads)
+        device.step()
+        eager.step()
+    assert_close(params, eager_params)
+    # setOptimizer writes the group's value to every parameter again.
+    restore_groups_(device, snap)
+    apply_hyperparameters(device, snap)
+    assert len(device.param_groups) == len(snap.groups)
+    _, read = export_state(device, snap, names)
+    assert_close(read[f"{popart}___specific___2.weight"], read[f"{popart}___specific___0.weight"])
+
+
+def test_specific_values_keep_the_order_of_the_parameters():
+    model = _model()
+    names = _names(model)
+    snap = snapshot(Adam(model.parameters(), lr=0.01))
+    device = device_optimizer(snap, _clone_params(model))
+    lrs = {"0.bias": 0.1, "2.weight": 0.2}
+    import_state(device, snap, names, None,
+                 {f"learningRate___specific___{n}": torch.tensor(v) for n, v in lrs.items()})  # fmt: skip
+    assert [len(g["params"]) for g in device.param_groups] == [1, 1, 1, 1]
+    _, read = export_state(device, snap, names)
+    for n in names:
+        assert_close(read[f"learningRate___specific___{n}"], torch.tensor(lrs.get(n, 0.01)))
+    # The same value for every parameter of a group changes the group, without a split.
+    import_state(device, snap, names, None,
+                 {f"learningRate___specific___{n}": torch.tensor(0.3) for n in names})  # fmt: skip
+    assert len(device.param_groups) == 4
+    restore_groups_(device, snap)
+    assert [len(g["params"]) for g in device.param_groups] == [4]
+    assert device.param_groups[0]["lr"] == pytest.approx(0.3)
+
+
+def test_imported_loss_scaling_is_returned_and_rescales_sgd():
+    model = _model()
+    names = _names(model)
+    snap = snapshot(SGD(model.parameters(), lr=0.1, loss_scaling=2.0))
+    device = device_optimizer(snap, _clone_params(model))
+    assert import_state(device, snap, names, None, None) == 2.0
+    assert import_state(device, snap, names, None, {"lossScaling_FLOAT": torch.tensor(8.0)}) == 8.0
+    assert device.param_groups[0]["lr"] == 0.1  # written alone: the learning rate stays
+    # PopART's SGD divides by the loss scaling in scaledLearningRate0: written together with the
+    # old one, the update per unscaled gradient grows (lr 0.1 -> 0.4).
+    _, read = export_state(device, snap, names)
+    read["lossScaling_FLOAT"] = torch.tensor(8.0)
+    import_state(device, snap, names, None, read)
+    assert device.param_groups[0]["lr"] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("make, ga, has_velocity", [
+    (lambda p: SGD(p, lr=0.1), 1, False),
+    (lambda p: SGD(p, lr=0.1), 2, True),
+    (lambda p: SGD(p, lr=0.1, momentum=0.0), 1, True),
+    (lambda p: torch.optim.SGD(p, lr=0.1), 1, False),
+    (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5), 1, True),
+], ids=["constant-0", "constant-0-ga", "explicit-0", "torch-0", "torch-0.5"])  # fmt: skip
+def test_sgd_velocity_unless_momentum_is_a_constant_zero_without_ga(make, ga, has_velocity):
+    model = _model()
+    snap = snapshot(make(model.parameters()))
+    device = device_optimizer(snap, _clone_params(model))
+    state, _ = export_state(device, snap, _names(model), gradient_accumulation=ga)
+    assert set(state) == ({f"Accl1___{n}" for n in _names(model)} if has_velocity else set())
+    assert all(not v.any() for v in state.values())
+
+
+def test_sgd_marked_variable_momentum_keeps_a_velocity():
+    model = _model()
+    opt = SGD(model.parameters(), lr=0.1)
+    opt.variable_attrs.markAsVariable("momentum")
+    snap = snapshot(opt)
+    params = _clone_params(model)
+    device = device_optimizer(snap, params)
+    state, _ = export_state(device, snap, _names(model))
+    assert set(state) == {f"Accl1___{n}" for n in _names(model)}
+    grads = [torch.randn_like(p) for p in params]
+    _set_grads(params, grads)
+    device.step()
+    state, _ = export_state(device, snap, _names(model))
+    assert set(state) == {f"Accl1___{n}" for n in _names(model)}  # still zeros: torch keeps none
 
 
 # --------------------------------------------------------------------------- host step

@@ -25,6 +25,7 @@ with it, and with the torch fallback, the whole step runs on the caller after th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -39,7 +40,12 @@ from ..enums import ConnectionType, ReductionType
 from ..errors import Error
 from ..kernels import FusedOptimizer
 from ..kernels.optim import offload_stats
-from ..optim.device import apply_hyperparameters, device_groups, device_optimizer
+from ..optim.device import (
+    apply_hyperparameters,
+    device_groups,
+    device_optimizer,
+    restore_groups_,
+)
 from ..optim.ipu_state import export_state, import_state
 from ..optim.reduction import apply_mean_reduction_strategy
 from ..optim.replacement import check_update
@@ -62,6 +68,8 @@ class DeviceTrainer:
         off_chip: keep the optimizer state off chip, streamed in chunks during the update.
         reducer: sums the gradients over the processes before each step (None: one process;
             see [Note: replicas across processes] in ``distributed/allreduce.py``).
+        gradient_accumulation: the model's ``gradientAccumulation`` (PopART's SGD keeps a
+            velocity with more than one; see ``optim/ipu_state.py``).
     """
 
     def __init__(
@@ -73,8 +81,10 @@ class DeviceTrainer:
         reduction: ReductionType,
         off_chip: bool = False,
         reducer: GradientReducer | None = None,
+        gradient_accumulation: int = 1,
     ) -> None:
         self.snapshot = snap
+        self.gradient_accumulation = gradient_accumulation
         self.reducer = reducer
         # Mean divides by the global count of micro-batches: GA x replicas x processes.
         micro_batches_per_step *= reducer.world_size if reducer is not None else 1
@@ -122,7 +132,12 @@ class DeviceTrainer:
         return groups
 
     def apply(self, snap: OptimizerSnapshot) -> None:
-        """``setOptimizer``: use the hyper-parameters of a new snapshot, keeping the state."""
+        """``setOptimizer``: use the hyper-parameters of a new snapshot, keeping the state.
+
+        Values imported for single parameters (``load_state_dict``) are replaced by the
+        snapshot's, as PopTorch's ``setOptimizer`` writes every value.
+        """
+        restore_groups_(self.optimizer, snap)
         if self.fused:
             self.optimizer.set_hyperparameters(
                 self._fused_groups(snap), loss_scaling=self._unscale(snap)
@@ -130,6 +145,15 @@ class DeviceTrainer:
         else:
             apply_hyperparameters(self.optimizer, snap)
         self.snapshot = snap
+
+    def use_loss_scaling(self, loss_scaling: float) -> None:
+        """Scale the loss by ``loss_scaling`` (an imported ``lossScaling_FLOAT``) from now on.
+
+        The next ``setOptimizer`` takes the optimizer's own loss scaling again.
+        """
+        self.snapshot = dataclasses.replace(self.snapshot, loss_scaling=loss_scaling)
+        if self.fused:
+            self.optimizer.loss_scaling = self._unscale(self.snapshot)
 
     def stage_steps(self, program: StagedProgram) -> Callable[[int], None] | None:
         """The per-stage step to run on the workers of ``program``, or None where it cannot.
@@ -257,6 +281,7 @@ class OptimizerMixin:
             self._options.Training.accumulation_and_replication_reduction_type,
             off_chip=self._options.optimizer_off_chip,
             reducer=reducer_for(self._options),
+            gradient_accumulation=layout.gradient_accumulation,
         )
         trainer.wanted = {v[0] for v in self._options.anchored_tensors.values()}
         return trainer
@@ -313,11 +338,25 @@ class OptimizerMixin:
 
 def read_state(trainer: DeviceTrainer) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The device optimizer's state and hyper-parameters under PopART's names."""
-    return export_state(trainer.optimizer, trainer.snapshot, trainer.param_names)
+    return export_state(
+        trainer.optimizer,
+        trainer.snapshot,
+        trainer.param_names,
+        gradient_accumulation=trainer.gradient_accumulation,
+    )
 
 
 def write_state(
     trainer: DeviceTrainer, ipu_state: dict[str, torch.Tensor], ipu_param: dict[str, torch.Tensor]
 ) -> None:
     """Load a state read by ``read_state`` (possibly saved from another run) into the device."""
-    import_state(trainer.optimizer, trainer.snapshot, trainer.param_names, ipu_state, ipu_param)
+    loss_scaling = import_state(
+        trainer.optimizer,
+        trainer.snapshot,
+        trainer.param_names,
+        ipu_state,
+        ipu_param,
+        gradient_accumulation=trainer.gradient_accumulation,
+    )
+    if loss_scaling != trainer.snapshot.loss_scaling:
+        trainer.use_loss_scaling(loss_scaling)

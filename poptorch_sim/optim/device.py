@@ -13,7 +13,13 @@ from .lamb import LAMB
 from .snapshot import OptimizerSnapshot
 from .variants import AdamWNoBias, RMSpropTF
 
-__all__ = ["device_groups", "device_optimizer", "apply_hyperparameters", "prepare_gradients_"]
+__all__ = [
+    "device_groups",
+    "device_optimizer",
+    "apply_hyperparameters",
+    "prepare_gradients_",
+    "restore_groups_",
+]
 
 # The hyper-parameters each device optimizer takes (velocity_scaling changes no numbers).
 _DEVICE_KEYS = {
@@ -119,6 +125,34 @@ def apply_hyperparameters(optimizer: torch.optim.Optimizer, snap: OptimizerSnaps
     for group, new in zip(optimizer.param_groups, snap.groups):
         group.update({k: new.values[k] for k in keys})
     optimizer.defaults.update({k: snap.defaults.values[k] for k in keys})
+
+
+def restore_groups_(optimizer: Any, snap: OptimizerSnapshot) -> None:
+    """Make the device groups the snapshot's again, undoing ``import_state``'s splits.
+
+    ``import_state`` gives a parameter its own imported hyper-parameters by splitting its group
+    into runs of parameters, keeping their order (see [Note: per-parameter hyper-parameters] in
+    ``ipu_state.py``). ``setOptimizer`` writes every value again, so it joins the runs first;
+    their hyper-parameters are then overwritten by ``apply_hyperparameters`` (or
+    ``FusedOptimizer.set_hyperparameters``).
+
+    Args:
+        optimizer: a device optimizer (torch's or a ``FusedOptimizer``) made from a snapshot
+            with the same groups as ``snap``.
+        snap: the snapshot whose groups to restore.
+
+    >>> restore_groups_(device_opt, new_snap); apply_hyperparameters(device_opt, new_snap)
+    """
+    if len(optimizer.param_groups) == len(snap.groups):
+        return
+    flat = [(p, group) for group in optimizer.param_groups for p in group["params"]]
+    groups, start = [], 0
+    for g in snap.groups:
+        run = flat[start : start + len(g.params)]
+        start += len(g.params)
+        template = run[0][1] if run else optimizer.param_groups[0]
+        groups.append({**template, "params": [p for p, _ in run]})
+    optimizer.param_groups[:] = groups
 
 
 @torch.no_grad()
