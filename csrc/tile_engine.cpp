@@ -7,10 +7,7 @@
 #include <map>
 #include <mutex>
 
-#include <condition_variable>
 #include <exception>
-#include <memory>
-#include <thread>
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -30,19 +27,19 @@ std::map<std::string, std::array<int64_t, kNumCounterFields>>& table() {
 }
 
 // [Note: tile pool]
-// Tiles are claimed one at a time from an atomic counter, by the calling thread and by any
-// pool thread that is awake, and the superstep ends when every tile is done. The caller never
-// waits for a helper that has not started yet: on a loaded machine, where a helper may sit
-// descheduled for milliseconds, the caller simply runs the remaining tiles itself. (A static
-// split with a join barrier, such as an OpenMP parallel for, would wait for the slowest thread.)
-// Helpers that wake late find no tile left and go back to sleep; the job lives in a shared_ptr
-// so it outlives the call for them. A superstep started inside another runs inline, and a
-// forked child (DataLoader workers) runs everything on its calling thread.
+// A superstep runs on PyTorch's intra-op threads (at::parallel_for): one task per thread, and
+// each task claims tiles one at a time from an atomic counter until none is left, so a thread
+// that starts late finds the work already done by the others. Those are the threads torch's own
+// CPU ops run on; after an op they spin for a while before sleeping (OpenMP's wait policy), and a
+// pool of our own would then share the cores with them: a 2^20-item sort of short rows took
+// 1.7-2x as long right after torch.sort as on its own (benchmarks/kernels.py, two cores). On
+// torch's threads the kernel starts on the spinning threads instead. A superstep started inside
+// another runs inline, and a forked child (DataLoader workers) runs everything on its calling
+// thread.
 struct Job {
   const std::function<void(int64_t)>* compute = nullptr;
   int64_t tiles = 0;
   std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
   std::mutex error_mutex;
   std::exception_ptr error;
 
@@ -57,88 +54,29 @@ struct Job {
           error = std::current_exception();
         }
       }
-      done.fetch_add(1, std::memory_order_release);
     }
   }
 };
 
-thread_local bool t_inside_superstep = false;
-
-class TilePool {
- public:
-  void run(int64_t tiles, const std::function<void(int64_t)>& compute) {
-    const int helpers = std::max(0, at::get_num_threads() - 1);
-    if (helpers == 0 || t_inside_superstep || getpid() != pid_) {
-      for (int64_t tile = 0; tile < tiles; ++tile) {
-        compute(tile);
-      }
-      return;
-    }
-    auto job = std::make_shared<Job>();
-    job->compute = &compute;
-    job->tiles = tiles;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      while (static_cast<int>(threads_) < helpers) {
-        std::thread(&TilePool::helper_loop, this).detach();
-        ++threads_;
-      }
-      current_ = job;
-      ++generation_;
-    }
-    wake_.notify_all();
-    t_inside_superstep = true;
-    job->work();
-    t_inside_superstep = false;
-    while (job->done.load(std::memory_order_acquire) < tiles) {
-      std::this_thread::yield();
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (current_ == job) {
-        current_.reset();
-      }
-    }
-    if (job->error) {
-      std::rethrow_exception(job->error);
-    }
-  }
-
- private:
-  void helper_loop() {
-    t_inside_superstep = true;
-    uint64_t seen = 0;
-    for (;;) {
-      std::shared_ptr<Job> job;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return generation_ != seen; });
-        seen = generation_;
-        job = current_;
-      }
-      if (job) {
-        job->work();
-      }
-    }
-  }
-
-  const pid_t pid_ = getpid();
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::shared_ptr<Job> current_;
-  uint64_t generation_ = 0;
-  size_t threads_ = 0;
-};
-
-TilePool& pool() {
-  static TilePool* instance = new TilePool();  // never destroyed: helpers are detached
-  return *instance;
-}
+const pid_t g_pid = getpid();
 
 }  // namespace
 
 void run_tiles(int64_t tiles, const std::function<void(int64_t)>& compute) {
-  pool().run(tiles, compute);
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), tiles);
+  if (threads <= 1 || at::in_parallel_region() || getpid() != g_pid) {
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      compute(tile);
+    }
+    return;
+  }
+  Job job;
+  job.compute = &compute;
+  job.tiles = tiles;
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { job.work(); });
+  if (job.error) {
+    std::rethrow_exception(job.error);
+  }
 }
 
 const std::vector<std::string>& counter_field_names() {
