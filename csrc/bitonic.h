@@ -16,18 +16,24 @@
 // pair lanes of one vector (a permute, a compare and a blend), and all of them for one stage run
 // on a vector while it sits in a register. The first log2(W) stages sort each vector on its own.
 //
-// The first stages run on blocks of 8 vectors held in registers, and so do
-// the last steps of every later stage (all of distance below the block): only the steps of
-// longer distance go through memory, one pass over the row each.
+// Rows of at least W * kRun items first sort their runs of kRun items by columns (see [Note:
+// column networks]); the stages up to a block of 8 vectors run on the block held in registers,
+// and so do the last steps of every later stage (all of distance below the block): only the
+// steps of longer distance go through memory, one pass over the row for one or two steps.
 //
 // Rows of up to kBitonicRowMax items (sort.cpp) are sorted whole by the network, one tile per
-// group of rows; groups of the scatter sort and tiles' slices of up to kBitonicBaseMax items
-// use it as their base case. Both limits were chosen by measurement (README "Figures").
+// group of rows (rows of at most kRun items W at a time, by columns); groups of the scatter sort
+// and tiles' slices of up to kBitonicBaseMax items use it as their base case. Both limits were
+// chosen by measurement (README "Figures"). Float32 and int32 rows make their items and write
+// their values 2W at a time; the other dtypes one at a time through their codec.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "simd.h"
 
@@ -53,9 +59,16 @@ constexpr int64_t padded_size(int64_t n, int lanes) {
 template <int W>
 struct Vec {
   typedef int64_t type __attribute__((vector_size(8 * W)));
+  typedef uint64_t unsigned_type __attribute__((vector_size(8 * W)));
 };
 template <int W>
 using V = typename Vec<W>::type;
+template <int W>
+struct Vec32 {
+  typedef int32_t type __attribute__((vector_size(4 * W)));
+};
+template <int W>
+using V32 = typename Vec32<W>::type;
 
 #define POPSIM_INLINE inline __attribute__((always_inline))
 
@@ -67,6 +80,24 @@ POPSIM_INLINE void load(V<W>& v, const int64_t* p) {
 template <int W>
 POPSIM_INLINE void store(int64_t* p, const V<W>& v) {
   std::memcpy(p, &v, sizeof(v));
+}
+
+// Stores v at p (aligned to its size) with a streaming store (see [Note: streaming stores]).
+// (Assembly: GCC has no generic non-temporal store, and the intrinsics need the SIMD target on
+// this template itself.)
+template <int W, typename Vector>
+POPSIM_INLINE void store_streaming(void* p, const Vector& v) {
+  typedef long long Lanes __attribute__((vector_size(8 * W)));
+  Lanes lanes;
+  std::memcpy(&lanes, &v, sizeof(lanes));
+  Lanes& out = *static_cast<Lanes*>(p);
+  if constexpr (W == 8) {
+    asm("vmovntdq %1, %0" : "=m"(out) : "v"(lanes));
+  } else if constexpr (W == 4) {
+    asm("vmovntdq %1, %0" : "=m"(out) : "x"(lanes));
+  } else {
+    asm("movntdq %1, %0" : "=m"(out) : "x"(lanes));
+  }
 }
 
 // Compares lane i of v with lane i ^ J (Mirror: i ^ (2J - 1)); the lower lane of each pair
@@ -262,6 +293,107 @@ POPSIM_INLINE void clean_block(int64_t* x) {
   }
 }
 
+// [Note: column networks]
+// Short runs are sorted a different way: W runs at once, one per lane. The W x W blocks of the
+// runs are transposed so that vector p holds item p of every run, a fixed sorting network (Batcher's
+// odd-even merge sort: 63 comparators for 16 items, against the bitonic network's 80) then
+// compares whole vectors (a compare and two blends per W pairs, no lane permutes), and the blocks
+// are transposed back. Rows of at most kRun items are sorted this way W rows at a time; longer
+// rows sort their runs of kRun items this way before the bitonic merges of the row.
+constexpr int kRun = 16;
+
+// The comparators of Batcher's odd-even merge sort for P items (P a power of two), in order.
+template <int P>
+constexpr int odd_even_size() {
+  int count = 0;
+  for (int p = 1; p < P; p *= 2) {
+    for (int k = p; k >= 1; k /= 2) {
+      for (int j = k % p; j + k < P; j += 2 * k) {
+        for (int i = 0; i < std::min(k, P - j - k); ++i) {
+          count += (i + j) / (2 * p) == (i + j + k) / (2 * p);
+        }
+      }
+    }
+  }
+  return count;
+}
+
+template <int P>
+constexpr std::array<std::pair<int, int>, odd_even_size<P>()> odd_even_pairs() {
+  std::array<std::pair<int, int>, odd_even_size<P>()> pairs{};
+  int count = 0;
+  for (int p = 1; p < P; p *= 2) {
+    for (int k = p; k >= 1; k /= 2) {
+      for (int j = k % p; j + k < P; j += 2 * k) {
+        for (int i = 0; i < std::min(k, P - j - k); ++i) {
+          if ((i + j) / (2 * p) == (i + j + k) / (2 * p)) {
+            pairs[count++] = {i + j, i + j + k};
+          }
+        }
+      }
+    }
+  }
+  return pairs;
+}
+
+template <int W, int P, size_t... I>
+POPSIM_INLINE void apply_network(V<W>* v, std::index_sequence<I...>) {
+  constexpr auto pairs = odd_even_pairs<P>();
+  (exchange<W>(v[pairs[I].first], v[pairs[I].second]), ...);
+}
+
+// Swaps the off-diagonal B x B blocks of the 2B x 2B block in lanes and vectors a, b.
+template <int W, int B>
+POPSIM_INLINE void swap_blocks(V<W>& a, V<W>& b) {
+  V<W> low;
+  V<W> high;
+  for (int l = 0; l < W; ++l) {
+    low[l] = (l & B) ? W + l - B : l;
+    high[l] = (l & B) ? W + l : l + B;
+  }
+  const V<W> x = __builtin_shuffle(a, b, low);
+  b = __builtin_shuffle(a, b, high);
+  a = x;
+}
+
+// Transposes the W x W block v[0, W) (lane j of vector i <-> lane i of vector j).
+template <int W, int B = W / 2>
+POPSIM_INLINE void transpose(V<W>* v) {
+  if constexpr (B >= 1) {
+#pragma GCC unroll 8
+    for (int i = 0; i < W; ++i) {
+      if ((i & B) == 0) {
+        swap_blocks<W, B>(v[i], v[i + B]);
+      }
+    }
+    transpose<W, B / 2>(v);
+  }
+}
+
+// Sorts the W runs of P items at x (run r at x + r * P) ascending, one run per lane.
+template <int W, int P>
+POPSIM_INLINE void sort_columns(int64_t* x) {
+  static_assert(P % W == 0, "a run holds whole W x W blocks");
+  V<W> v[P];
+#pragma GCC unroll 16
+  for (int c = 0; c < P; c += W) {
+#pragma GCC unroll 8
+    for (int r = 0; r < W; ++r) {
+      load<W>(v[c + r], x + r * P + c);
+    }
+    transpose<W>(v + c);
+  }
+  apply_network<W, P>(v, std::make_index_sequence<odd_even_size<P>()>());
+#pragma GCC unroll 16
+  for (int c = 0; c < P; c += W) {
+    transpose<W>(v + c);
+#pragma GCC unroll 8
+    for (int r = 0; r < W; ++r) {
+      store<W>(x + r * P + c, v[c + r]);
+    }
+  }
+}
+
 // Vectors a register block holds: half of AVX2's register file, the rest is for temporaries.
 // (16 for AVX-512 spilled three times as many registers to the stack in GCC 12's code.)
 constexpr int kBlockVectors = 8;
@@ -277,8 +409,28 @@ POPSIM_INLINE void sort_network(int64_t* x, int64_t size) {
     }
     return sort_block<W, 2>(x);
   }
-  for (int64_t o = 0; o < size; o += kBlock) {
-    sort_block<W, kN>(x + o);
+  if (size >= W * kRun) {  // runs by columns, then their merges up to kBlock in registers
+    for (int64_t o = 0; o < size; o += W * kRun) {
+      sort_columns<W, kRun>(x + o);
+    }
+    if constexpr (kBlock > kRun) {
+      for (int64_t o = 0; o < size; o += kBlock) {
+        V<W> v[kN];
+#pragma GCC unroll 32
+        for (int i = 0; i < kN; ++i) {
+          load<W>(v[i], x + o + i * W);
+        }
+        sort_registers_from<W, kN, 2 * kRun>(v);
+#pragma GCC unroll 32
+        for (int i = 0; i < kN; ++i) {
+          store<W>(x + o + i * W, v[i]);
+        }
+      }
+    }
+  } else {
+    for (int64_t o = 0; o < size; o += kBlock) {
+      sort_block<W, kN>(x + o);
+    }
   }
   for (int64_t k = 2 * kBlock; k <= size; k *= 2) {
     for (int64_t block = 0; block < size; block += k) {
@@ -321,38 +473,205 @@ POPSIM_INLINE void sort_items(uint64_t* items, int64_t n, int64_t* buf) {
   }
 }
 
-// Sorts rows [row_lo, row_hi) of n elements each and writes their values
-// (unless null) and indices; buf has room for padded_size(n, W) items.
+// Items a sort_rows buffer must hold for rows of n (any SIMD level).
+constexpr int64_t rows_buffer_size(int64_t n) { return std::max<int64_t>(padded_size(n, 8), 8 * kRun); }
+
+// Codecs whose items the loops below make and read back W at a time: float32 and int32, whose
+// biased item is (signed key << 32 | index).
+template <typename scalar_t>
+constexpr bool kVectorCodec = std::is_same<scalar_t, float>::value ||
+                              std::is_same<scalar_t, int32_t>::value;
+
+// The keys of 2W float32 or int32 values as signed integers, the top words of their biased
+// items (see [Note: sort keys]); ORs -1 into the lanes of `inexact` whose key does not give the
+// value back (NaN, -0.0).
+template <typename scalar_t, int W>
+POPSIM_INLINE void signed_keys(const scalar_t* in, const V32<2 * W>& flip_mask, V32<2 * W>& keys,
+                               V32<2 * W>& inexact) {
+  V32<2 * W> bits;
+  std::memcpy(&bits, in, sizeof(bits));
+  if constexpr (std::is_same<scalar_t, float>::value) {
+    const V32<2 * W> nan = (bits & 0x7fffffff) > 0x7f800000;
+    const V32<2 * W> negative_zero = bits == INT32_MIN;
+    inexact |= nan | negative_zero;
+    bits = (bits ^ ((bits >> 31) & 0x7fffffff)) & ~negative_zero;
+    bits = nan ? V32<2 * W>{} + 0x7fffffff : bits;
+  }
+  keys = bits ^ flip_mask;
+}
+
+// Writes the biased items of row_in[0, n) to out, in an order of their own (each run of 2W
+// values comes out interleaved as the unpack instructions leave it; the sort does not mind);
+// ORs the flags of inexact keys into flags.
+template <typename Codec, typename scalar_t, int W>
+POPSIM_INLINE void make_items(
+    const scalar_t* row_in, int64_t n, uint32_t flip, int64_t* out, uint32_t& flags) {
+  int64_t i = 0;
+  if constexpr (kVectorCodec<scalar_t>) {
+    constexpr int kLanes = 2 * W;
+    const V32<kLanes> flip_mask = V32<kLanes>{} - static_cast<int32_t>(flip != 0);
+    V32<kLanes> index;
+    V32<kLanes> low;   // lane pattern of the unpack-low instruction, per 128 bits
+    V32<kLanes> high;  // and of unpack-high
+    for (int l = 0; l < kLanes; ++l) {
+      index[l] = l;
+      const int group = l / 4 * 4;
+      const int pick = l % 4 / 2;
+      low[l] = group + pick + (l % 2 ? kLanes : 0);
+      high[l] = group + 2 + pick + (l % 2 ? kLanes : 0);
+    }
+    V32<kLanes> inexact{};
+    for (; i + kLanes <= n; i += kLanes) {
+      V32<kLanes> key;
+      signed_keys<scalar_t, W>(row_in + i, flip_mask, key, inexact);
+      const V32<kLanes> items_low = __builtin_shuffle(index, key, low);
+      const V32<kLanes> items_high = __builtin_shuffle(index, key, high);
+      std::memcpy(out + i, &items_low, sizeof(items_low));
+      std::memcpy(out + i + W, &items_high, sizeof(items_high));
+      index += kLanes;
+    }
+    for (int l = 0; l < kLanes; ++l) {
+      flags |= static_cast<uint32_t>(inexact[l] != 0);
+    }
+  }
+  for (; i < n; ++i) {
+    out[i] = static_cast<int64_t>(Codec::make(row_in[i], i, flip, flags) ^ kBias);
+  }
+}
+
+// Writes the sorted biased items[0, n) of row_in out as indices and (unless null) values;
+// gather: some key did not give its value back (NaN or -0.0), so values are read from row_in.
+// stream: write with streaming stores (outputs aligned to 8W bytes, n a multiple of 2W).
+template <typename Codec, typename scalar_t, int W>
+POPSIM_INLINE void write_items(
+    const int64_t* items, int64_t n, const scalar_t* row_in, uint32_t flip, bool gather,
+    scalar_t* values, int64_t* indices, bool stream) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    V<W> item;
+    load<W>(item, items + i);
+    if (stream) {
+      store_streaming<W>(indices + i, item & 0xffffffff);
+    } else {
+      store<W>(indices + i, item & 0xffffffff);
+    }
+  }
+  for (; i < n; ++i) {
+    indices[i] = items[i] & 0xffffffff;
+  }
+  if (values == nullptr) {
+    return;
+  }
+  if (gather) {
+    for (i = 0; i < n; ++i) {
+      values[i] = row_in[indices[i]];
+    }
+    return;
+  }
+  i = 0;
+  if constexpr (kVectorCodec<scalar_t>) {
+    constexpr int kLanes = 2 * W;
+    const V32<kLanes> flip_mask = V32<kLanes>{} - static_cast<int32_t>(flip != 0);
+    V32<kLanes> high_words;
+    for (int l = 0; l < kLanes; ++l) {
+      high_words[l] = 2 * l + 1;
+    }
+    for (; i + kLanes <= n; i += kLanes) {
+      V32<kLanes> first;
+      V32<kLanes> second;
+      std::memcpy(&first, items + i, sizeof(first));
+      std::memcpy(&second, items + i + W, sizeof(second));
+      V32<kLanes> key = __builtin_shuffle(first, second, high_words) ^ flip_mask;
+      if constexpr (std::is_same<scalar_t, float>::value) {
+        key ^= (key >> 31) & 0x7fffffff;
+      }
+      if (stream) {
+        store_streaming<W>(values + i, key);
+      } else {
+        std::memcpy(values + i, &key, sizeof(key));
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    values[i] = Codec::value(static_cast<uint64_t>(items[i]) ^ kBias, flip);
+  }
+}
+
+// Rows of n <= P items (P a power of two, W <= P <= kRun), W rows at a time by columns
+// (see [Note: column networks]); buf has room for W * P items.
+template <typename Codec, typename scalar_t, int W, int P>
+POPSIM_INLINE void sort_short_rows(
+    const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,
+    scalar_t* values, int64_t* indices, int64_t* buf, bool stream) {
+  for (int64_t row = row_lo; row < row_hi; row += W) {
+    const int64_t count = std::min<int64_t>(W, row_hi - row);
+    uint32_t flags = 0;
+    for (int64_t r = 0; r < count; ++r) {
+      make_items<Codec, scalar_t, W>(in + (row + r) * n, n, flip, buf + r * P, flags);
+      std::fill(buf + r * P + n, buf + (r + 1) * P, kPad);
+    }
+    std::fill(buf + count * P, buf + W * P, kPad);
+    sort_columns<W, P>(buf);
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t at = (row + r) * n;
+      write_items<Codec, scalar_t, W>(buf + r * P, n, in + at, flip, flags != 0,
+                                      values ? values + at : nullptr, indices + at, stream);
+    }
+  }
+}
+
+// Rows longer than kRun, one at a time through the whole network.
+template <typename Codec, typename scalar_t, int W>
+POPSIM_INLINE void sort_long_rows(
+    const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,
+    scalar_t* values, int64_t* indices, int64_t* buf, bool stream) {
+  const int64_t size = padded_size(n, W);
+  std::fill(buf + n, buf + size, kPad);
+  for (int64_t row = row_lo; row < row_hi; ++row) {
+    uint32_t flags = 0;
+    make_items<Codec, scalar_t, W>(in + row * n, n, flip, buf, flags);
+    sort_network<W>(buf, size);
+    write_items<Codec, scalar_t, W>(buf, n, in + row * n, flip, flags != 0,
+                                    values ? values + row * n : nullptr, indices + row * n,
+                                    stream);
+  }
+}
+
+// [Note: streaming stores]
+// A sort's outputs are written once and not read again by the kernel. Where a tile writes a lot
+// of them, they go out with streaming stores, which skip reading each line into the cache before
+// writing it: the batched short-row sorts run right after other work (torch.sort, in the
+// benchmark) found their 12 MiB of outputs out of cache, and paid for that read as much as for
+// the sort of 16-item rows itself.
+constexpr int64_t kStreamMin = int64_t{1} << 16;  // items a tile writes before it streams them
+
+// Sorts rows [row_lo, row_hi) of n elements each and writes their values (unless null) and
+// indices; buf has room for rows_buffer_size(n) items.
 template <typename Codec, typename scalar_t, int W>
 POPSIM_INLINE void sort_rows(
     const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,
     scalar_t* values, int64_t* indices, int64_t* buf) {
-  const int64_t size = padded_size(n, W);
-  std::fill(buf + n, buf + size, kPad);
-  for (int64_t row = row_lo; row < row_hi; ++row) {
-    const scalar_t* row_in = in + row * n;
-    uint32_t flags = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      buf[i] = static_cast<int64_t>(Codec::make(row_in[i], i, flip, flags) ^ kBias);
-    }
-    sort_network<W>(buf, size);
-    int64_t* row_indices = indices + row * n;
-    for (int64_t i = 0; i < n; ++i) {
-      row_indices[i] = buf[i] & 0xffffffff;
-    }
-    if (values == nullptr) {
-      continue;
-    }
-    scalar_t* row_values = values + row * n;
-    if (flags != 0) {  // NaN or -0.0: the key does not give the value back
-      for (int64_t i = 0; i < n; ++i) {
-        row_values[i] = row_in[row_indices[i]];
-      }
-    } else {
-      for (int64_t i = 0; i < n; ++i) {
-        row_values[i] = Codec::value(static_cast<uint64_t>(buf[i]) ^ kBias, flip);
-      }
-    }
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (8 * W) == 0; };
+  const bool stream = kVectorCodec<scalar_t> && (row_hi - row_lo) * n >= kStreamMin &&
+                      n % (2 * W) == 0 && aligned(indices) && (!values || aligned(values));
+  // (calls, not function pointers: those would lose the SIMD target)
+  if (n <= W) {
+    sort_short_rows<Codec, scalar_t, W, W>(in, row_lo, row_hi, n, flip, values, indices, buf,
+                                           stream);
+  } else if (n <= 2 * W) {
+    sort_short_rows<Codec, scalar_t, W, std::min(2 * W, kRun)>(in, row_lo, row_hi, n, flip,
+                                                               values, indices, buf, stream);
+  } else if (n <= 4 * W) {
+    sort_short_rows<Codec, scalar_t, W, std::min(4 * W, kRun)>(in, row_lo, row_hi, n, flip,
+                                                               values, indices, buf, stream);
+  } else if (n <= kRun) {
+    sort_short_rows<Codec, scalar_t, W, kRun>(in, row_lo, row_hi, n, flip, values, indices, buf,
+                                              stream);
+  } else {
+    sort_long_rows<Codec, scalar_t, W>(in, row_lo, row_hi, n, flip, values, indices, buf, stream);
+  }
+  if (stream) {
+    __builtin_ia32_sfence();  // streamed stores are weakly ordered: finish them before returning
   }
 }
 

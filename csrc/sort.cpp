@@ -115,7 +115,7 @@ void sort_rows_bitonic(
   const auto sort_rows = simd::pick(simd::level(), &bitonic::sort_rows_avx512<Codec, scalar_t>,
                                     &bitonic::sort_rows_avx2<Codec, scalar_t>,
                                     &bitonic::sort_rows_base<Codec, scalar_t>);
-  const int64_t size = bitonic::padded_size(n, 8);
+  const int64_t size = bitonic::rows_buffer_size(n);
   scope.superstep(tiles, [&](int64_t tile) {
     std::unique_ptr<int64_t[]> buf(new int64_t[size]);
     sort_rows(in, split_point(rows, tiles, tile), split_point(rows, tiles, tile + 1), n, flip,

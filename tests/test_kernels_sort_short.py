@@ -65,6 +65,19 @@ def test_many_rows_spread_over_tiles_and_one_row_alone(length: int) -> None:
         _check(_rows(7, length, torch.bfloat16, seed=3))
 
 
+@pytest.mark.parametrize("length", [16, 24, 4096], ids=lambda n: f"n{n}")
+def test_batches_written_with_streaming_stores(length: int) -> None:
+    # One tile writing at least 2^16 items of rows a multiple of 2W long streams them out
+    # ([Note: streaming stores]); rows without NaN or -0.0 stream their values too.
+    rows = (1 << 16) // length + 3
+    g = torch.Generator().manual_seed(length)
+    with kernels.tiles(1):
+        _check(torch.randn(rows, length, generator=g))
+        _check(torch.randn(rows, length, generator=g), descending=True)
+        _check(_rows(rows, length, torch.float32, seed=11))  # NaN and -0.0: values gathered
+        _check(_rows(rows, length, torch.int32, seed=12), descending=True)
+
+
 def test_non_contiguous_rows_and_other_dims() -> None:
     wide = _rows(40, 200, torch.float32, seed=4)
     _check(wide[:, ::2])  # strided rows of 100
@@ -101,9 +114,10 @@ def test_narrower_variants_give_the_same_bits(level: str) -> None:
     cases = [_rows(33, n, dtype, seed=n) for n in (3, 16, 17, 100, 256) for dtype in DTYPES[:3]]
     long_row = _rows(1, 1 << 17, torch.float32, seed=7).view(-1)
     cases += [long_row, long_row.to(torch.int32)]
-    with kernels.simd(LEVELS[-1]):
+    cases += [torch.randn(4099, 16), torch.randn(257, 256)]  # streamed out by one tile
+    with kernels.simd(LEVELS[-1]), kernels.tiles(1):
         widest = [kernels.sort(x, descending=True) for x in cases]
-    with kernels.simd(level):
+    with kernels.simd(level), kernels.tiles(1):
         narrower = [kernels.sort(x, descending=True) for x in cases]
     for (got_values, got_indices), (values, indices) in zip(narrower, widest, strict=True):
         assert torch.equal(got_indices, indices)
