@@ -4,10 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <exception>
 #include <map>
 #include <mutex>
-
-#include <exception>
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -29,7 +28,9 @@ std::map<std::string, std::array<int64_t, kNumCounterFields>>& table() {
 // [Note: tile pool]
 // A superstep runs on PyTorch's intra-op threads (at::parallel_for): one task per thread, and
 // each task claims tiles one at a time from an atomic counter until none is left, so a thread
-// that starts late finds the work already done by the others. Those are the threads torch's own
+// that starts late finds the work already done by the others (the call still waits at the end
+// for every thread to have started, which on a loaded machine can cost a scheduling delay; the
+// engine's own pool did not, but lost more to the case below). Those are the threads torch's own
 // CPU ops run on; after an op they spin for a while before sleeping (OpenMP's wait policy), and a
 // pool of our own would then share the cores with them: a 2^20-item sort of short rows took
 // 1.7-2x as long right after torch.sort as on its own (benchmarks/kernels.py, two cores). On

@@ -55,7 +55,7 @@ void counter_table(std::vector<std::string>& names, std::vector<int64_t>& flat);
 // Clears the table.
 void reset_counters();
 
-// Runs compute(tile) for tile in [0, tiles) on the engine's thread pool and the calling thread.
+// Runs compute(tile) for tile in [0, tiles) on PyTorch's intra-op threads, the caller among them.
 // See [Note: tile pool] in tile_engine.cpp. Rethrows the first exception a tile raised.
 void run_tiles(int64_t tiles, const std::function<void(int64_t)>& compute);
 
