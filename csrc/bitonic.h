@@ -185,26 +185,35 @@ POPSIM_INLINE void exchange(V<W>& a, V<W>& b) {
   a = low;
 }
 
+// The half-cleaner steps over the N vectors v[0, N) in registers: distances N / 2, N / 4, ...,
+// 1 vectors.
+template <int W, int N>
+POPSIM_INLINE void half_cleaners(V<W>* v) {
+#pragma GCC unroll 8
+  for (int d = N / 2; d >= 1; d /= 2) {
+#pragma GCC unroll 8
+    for (int m = 0; m < N; ++m) {
+      if ((m & d) == 0) {
+        exchange<W>(v[m], v[m + d]);
+      }
+    }
+  }
+}
+
 // Two half-cleaner steps in one pass: the vectors at x, x + j/2, x + j and x + 3j/2 are
 // compared at distance j, then at distance j / 2.
 template <int W>
 POPSIM_INLINE void exchange_two_steps(int64_t* x, int64_t j) {
-  V<W> a;
-  V<W> b;
-  V<W> c;
-  V<W> d;
-  load<W>(a, x);
-  load<W>(b, x + j / 2);
-  load<W>(c, x + j);
-  load<W>(d, x + j + j / 2);
-  exchange<W>(a, c);
-  exchange<W>(b, d);
-  exchange<W>(a, b);
-  exchange<W>(c, d);
-  store<W>(x, a);
-  store<W>(x + j / 2, b);
-  store<W>(x + j, c);
-  store<W>(x + j + j / 2, d);
+  V<W> v[4];
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m) {
+    load<W>(v[m], x + m * (j / 2));
+  }
+  half_cleaners<W, 4>(v);
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m) {
+    store<W>(x + m * (j / 2), v[m]);
+  }
 }
 
 // Compares vector a with vector b reversed: a keeps the smaller items, b the larger, in
@@ -231,18 +240,7 @@ POPSIM_INLINE void exchange_three_steps(int64_t* x, int64_t j) {
   for (int m = 0; m < 8; ++m) {
     load<W>(v[m], x + m * (j / 4));
   }
-#pragma GCC unroll 4
-  for (int m = 0; m < 4; ++m) {
-    exchange<W>(v[m], v[m + 4]);
-  }
-  exchange<W>(v[0], v[2]);
-  exchange<W>(v[1], v[3]);
-  exchange<W>(v[4], v[6]);
-  exchange<W>(v[5], v[7]);
-#pragma GCC unroll 4
-  for (int m = 0; m < 8; m += 2) {
-    exchange<W>(v[m], v[m + 1]);
-  }
+  half_cleaners<W, 8>(v);
 #pragma GCC unroll 8
   for (int m = 0; m < 8; ++m) {
     store<W>(x + m * (j / 4), v[m]);
@@ -261,8 +259,8 @@ POPSIM_INLINE void mirror_two_steps(int64_t* x, int64_t k, int64_t o) {
   }
   exchange_reversed<W>(v[0], v[3]);
   exchange_reversed<W>(v[1], v[2]);
-  exchange<W>(v[0], v[1]);
-  exchange<W>(v[2], v[3]);
+  half_cleaners<W, 2>(v);
+  half_cleaners<W, 2>(v + 2);
 #pragma GCC unroll 4
   for (int m = 0; m < 4; ++m) {
     store<W>(at[m], v[m]);
@@ -286,14 +284,8 @@ POPSIM_INLINE void mirror_three_steps(int64_t* x, int64_t k, int64_t o) {
   for (int m = 0; m < 4; ++m) {
     exchange_reversed<W>(v[m], v[7 - m]);
   }
-  exchange<W>(v[0], v[2]);
-  exchange<W>(v[1], v[3]);
-  exchange<W>(v[4], v[6]);
-  exchange<W>(v[5], v[7]);
-#pragma GCC unroll 4
-  for (int m = 0; m < 8; m += 2) {
-    exchange<W>(v[m], v[m + 1]);
-  }
+  half_cleaners<W, 4>(v);
+  half_cleaners<W, 4>(v + 4);
 #pragma GCC unroll 8
   for (int m = 0; m < 8; ++m) {
     store<W>(at[m], v[m]);
