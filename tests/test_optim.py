@@ -589,6 +589,16 @@ def _set_grads(params, grads) -> None:
         p.grad = g.clone()
 
 
+def _step_both(device, params, eager, eager_params, steps: int = 2) -> None:
+    """Steps ``device`` and ``eager`` ``steps`` times on the same random gradients."""
+    for _ in range(steps):
+        grads = [torch.randn_like(p) for p in params]
+        _set_grads(params, grads)
+        _set_grads(eager_params, grads)
+        device.step()
+        eager.step()
+
+
 CASES = [
     ("sgd", SGD, torch.optim.SGD, {"lr": 0.1}),
     ("sgd-momentum", SGD, torch.optim.SGD,
@@ -835,12 +845,7 @@ def test_sgd_with_momentum_has_a_velocity_before_its_first_step():
     import_state(device, snap, _names(model), ipu_state, None)
     eager_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
     eager = torch.optim.SGD(eager_params, lr=0.1, momentum=0.9, dampening=0.5)
-    for _ in range(2):
-        grads = [torch.randn_like(p) for p in params]
-        _set_grads(params, grads)
-        _set_grads(eager_params, grads)
-        device.step()
-        eager.step()
+    _step_both(device, params, eager, eager_params)
     assert_close(params, eager_params)
     # A velocity written before the first step is the one the first step uses.
     fresh = device_optimizer(snap, _clone_params(model))
@@ -941,12 +946,7 @@ def test_specific_hyperparameter_changes_only_its_parameter(name, make, popart, 
     others = [p for p in eager_params if p is not alone]
     eager = make([{"params": others}, {"params": [alone], **own}])
     eager = device_optimizer(snapshot(eager), [*others, alone])
-    for _ in range(2):
-        grads = [torch.randn_like(p) for p in params]
-        _set_grads(params, grads)
-        _set_grads(eager_params, grads)
-        device.step()
-        eager.step()
+    _step_both(device, params, eager, eager_params)
     assert_close(params, eager_params)
     # setOptimizer writes the group's value to every parameter again.
     restore_groups_(device, snap)
