@@ -6,15 +6,18 @@
 // few vector instructions per W items (W = 8 lanes of 64 bits with AVX-512, 4 with AVX2, 2 in
 // the baseline build). It sorts the packed items of [Note: sort keys] (key << 32 | index): they
 // are all distinct, so the network's result is the one sorted order, the order a stable sort
-// gives, and every SIMD variant yields the same bits. Items are stored with the top bit flipped
-// so that they compare as signed 64-bit integers (AVX2 has only the signed compare); rows are
-// padded to a power of two (and to at least 2W) with INT64_MAX, which sorts after every item.
+// gives, and every SIMD variant yields the same bits. The network holds them laid out as
+// doubles (see [Note: items as doubles]); rows are padded to a power of two (and to at least 2W)
+// with kPad, which sorts after every item.
 //
 // Merge stage k (k = 2, 4, ..., P) first compares item i of each block of k with its mirror
 // (block + k - 1 - i), then runs half-cleaners of distance k/4, ..., 1. A step of distance at
 // least W pairs whole vectors (the mirror step reverses one of them); steps of distance below W
-// pair lanes of one vector (a permute, a compare and a blend), and all of them for one stage run
-// on a vector while it sits in a register. The first log2(W) stages sort each vector on its own.
+// pair lanes of one vector, and all of them for one stage run on a vector while it sits in a
+// register. With AVX2 and the baseline, those lane steps run on two vectors at once: their lanes
+// are regrouped (two permutes) so that each lane step becomes a minimum and a maximum of whole
+// vectors, and regrouped back after the last one (see lane_cleaners_pair). The first log2(W)
+// stages sort each vector on its own.
 //
 // Rows of at least W * kRun items first sort their runs of kRun items by columns (see [Note:
 // column networks]); the stages up to a block of 8 vectors run on the block held in registers,
@@ -46,8 +49,28 @@ namespace bitonic {
 // Longest run the long-row sorts hand to the network as their base case.
 constexpr int64_t kBitonicBaseMax = 64;
 
-constexpr uint64_t kBias = uint64_t{1} << 63;  // flips the top bit: unsigned -> signed order
-constexpr int64_t kPad = INT64_MAX;            // a padding item: sorts after every real item
+// [Note: items as doubles]
+// The network compares items with the floating-point minimum and maximum (vminpd and vmaxpd:
+// two instructions per W pairs, where 64-bit integers take a compare and two blends, AVX2 having
+// no 64-bit integer minimum). Positive normal doubles order as their bit patterns do, so the
+// network lays a packed item (key << 32 | index) out as one: the exponent of 2.0, the 32-bit key,
+// then the index in 20 bits (kExponent | key << 20 | index, a double in [2, 4)). Whole rows
+// therefore reach the network only up to 2^20 items (kBitonicRowMax is far below that), and the
+// base case gives its items local indices (sort_items). Padding is 4.0, above every item.
+constexpr int kIndexBits = 20;
+constexpr int64_t kIndexMask = (int64_t{1} << kIndexBits) - 1;
+constexpr int64_t kExponent = int64_t{0x400} << 52;  // 2.0
+constexpr int64_t kPad = int64_t{0x401} << 52;       // 4.0: a padding item, after every real item
+
+// The network item of a packed item (key << 32 | index, index below 2^20), and back.
+constexpr int64_t network_item(uint64_t packed) {
+  return kExponent | static_cast<int64_t>(packed >> 32 << kIndexBits) |
+         static_cast<int64_t>(packed & kIndexMask);
+}
+constexpr uint64_t packed_item(int64_t item) {
+  return (static_cast<uint64_t>(item) >> kIndexBits & 0xffffffff) << 32 |
+         static_cast<uint64_t>(item & kIndexMask);
+}
 
 // Items the network sorts for a row of n: the power of two at least max(n, 2 * lanes).
 constexpr int64_t padded_size(int64_t n, int lanes) {
@@ -68,9 +91,16 @@ using V = typename Vec<W>::type;
 template <int W>
 struct Vec32 {
   typedef int32_t type __attribute__((vector_size(4 * W)));
+  typedef uint32_t unsigned_type __attribute__((vector_size(4 * W)));
 };
 template <int W>
 using V32 = typename Vec32<W>::type;
+template <int W>
+using U32 = typename Vec32<W>::unsigned_type;
+template <int W>
+struct VecDouble {
+  typedef double type __attribute__((vector_size(8 * W)));
+};
 
 #define POPSIM_INLINE inline __attribute__((always_inline))
 
@@ -82,6 +112,17 @@ POPSIM_INLINE void load(V<W>& v, const int64_t* p) {
 template <int W>
 POPSIM_INLINE void store(int64_t* p, const V<W>& v) {
   std::memcpy(p, &v, sizeof(v));
+}
+
+// Compares a and b lane by lane: a keeps the smaller items, b the larger (see [Note: items as
+// doubles]; registers).
+template <int W>
+POPSIM_INLINE void exchange(V<W>& a, V<W>& b) {
+  using D = typename VecDouble<W>::type;
+  const D x = (D)a;  // (GCC's vector casts keep the bits)
+  const D y = (D)b;
+  a = (V<W>)(x < y ? x : y);  // the minpd pattern
+  b = (V<W>)(y < x ? x : y);  // and maxpd's
 }
 
 // Stores v at p (aligned to its size) with a streaming store (see [Note: streaming stores]).
@@ -112,8 +153,10 @@ POPSIM_INLINE void exchange_lanes(V<W>& v) {
     partner_lane[i] = Mirror ? (i ^ (2 * J - 1)) : (i ^ J);
     upper[i] = (i & J) ? -1 : 0;
   }
-  const V<W> partner = __builtin_shuffle(v, partner_lane);
-  v = ((v < partner) ^ upper) ? v : partner;
+  V<W> low = v;
+  V<W> high = __builtin_shuffle(v, partner_lane);
+  exchange<W>(low, high);
+  v = upper ? high : low;
 }
 
 // The steps of merge stage k that pair lanes of one vector (see [Note: bitonic network]).
@@ -153,9 +196,9 @@ POPSIM_INLINE void exchange_vectors(int64_t* a, int64_t* b) {
   V<W> y;
   load<W>(x, a);
   load<W>(y, b);
-  const V<W> less = x < y;
-  store<W>(a, less ? x : y);
-  store<W>(b, less ? y : x);
+  exchange<W>(x, y);
+  store<W>(a, x);
+  store<W>(b, y);
 }
 
 // Compares the vector at a with the vector at b reversed: a keeps the smaller items.
@@ -170,19 +213,9 @@ POPSIM_INLINE void exchange_mirrored(int64_t* a, int64_t* b) {
   load<W>(x, a);
   load<W>(y, b);
   y = __builtin_shuffle(y, reverse);
-  const V<W> less = x < y;
-  const V<W> high = less ? y : x;
-  store<W>(a, less ? x : y);
-  store<W>(b, __builtin_shuffle(high, reverse));
-}
-
-// Compares vectors a and b lane by lane: a keeps the smaller items (registers).
-template <int W>
-POPSIM_INLINE void exchange(V<W>& a, V<W>& b) {
-  const V<W> less = a < b;
-  const V<W> low = less ? a : b;
-  b = less ? b : a;
-  a = low;
+  exchange<W>(x, y);
+  store<W>(a, x);
+  store<W>(b, __builtin_shuffle(y, reverse));
 }
 
 // The half-cleaner steps over the N vectors v[0, N) in registers: distances N / 2, N / 4, ...,
@@ -224,11 +257,9 @@ POPSIM_INLINE void exchange_reversed(V<W>& a, V<W>& b) {
   for (int i = 0; i < W; ++i) {
     reverse[i] = W - 1 - i;
   }
-  const V<W> y = __builtin_shuffle(b, reverse);
-  const V<W> less = a < y;
-  const V<W> high = less ? y : a;
-  a = less ? a : y;
-  b = __builtin_shuffle(high, reverse);
+  V<W> y = __builtin_shuffle(b, reverse);
+  exchange<W>(a, y);
+  b = __builtin_shuffle(y, reverse);
 }
 
 // Three half-cleaner steps in one pass: the vectors at x + m * j / 4 (m < 8) are compared at
@@ -292,6 +323,33 @@ POPSIM_INLINE void mirror_three_steps(int64_t* x, int64_t k, int64_t o) {
   }
 }
 
+// The half-cleaners of distance below W lanes (W = 4 or 2) on two vectors a and b at once: their
+// lanes are regrouped so that each step compares whole vectors, then regrouped back.
+template <int W>
+POPSIM_INLINE void lane_cleaners_pair(V<W>& a, V<W>& b) {
+  if constexpr (W == 4) {
+    // distance 2: a0 a1 b0 b1 against a2 a3 b2 b3
+    V<4> low = __builtin_shuffle(a, b, V<4>{0, 1, 4, 5});
+    V<4> high = __builtin_shuffle(a, b, V<4>{2, 3, 6, 7});
+    exchange<4>(low, high);
+    // distance 1: a0 a2 b0 b2 against a1 a3 b1 b3
+    V<4> even = __builtin_shuffle(low, high, V<4>{0, 4, 2, 6});
+    V<4> odd = __builtin_shuffle(low, high, V<4>{1, 5, 3, 7});
+    exchange<4>(even, odd);
+    const V<4> a_half = __builtin_shuffle(even, odd, V<4>{0, 4, 2, 6});  // a0 a1 b0 b1
+    const V<4> b_half = __builtin_shuffle(even, odd, V<4>{1, 5, 3, 7});  // a2 a3 b2 b3
+    a = __builtin_shuffle(a_half, b_half, V<4>{0, 1, 4, 5});
+    b = __builtin_shuffle(a_half, b_half, V<4>{2, 3, 6, 7});
+  } else {
+    static_assert(W == 2, "lane_cleaners_pair: 2 or 4 lanes");
+    V<2> low = __builtin_shuffle(a, b, V<2>{0, 2});   // a0 b0
+    V<2> high = __builtin_shuffle(a, b, V<2>{1, 3});  // a1 b1
+    exchange<2>(low, high);
+    a = __builtin_shuffle(low, high, V<2>{0, 2});
+    b = __builtin_shuffle(low, high, V<2>{1, 3});
+  }
+}
+
 // Merge stage K over the N vectors v[0, N) held in registers (W < K <= N * W); with Mirror
 // false, only its half-cleaners (distance K / 4 and below: the tail of a longer stage).
 template <int W, int N, int K, bool Mirror>
@@ -316,9 +374,16 @@ POPSIM_INLINE void merge_registers(V<W>* v) {
       }
     }
   }
+  if constexpr (W <= 4 && N % 2 == 0) {
+#pragma GCC unroll 16
+    for (int i = 0; i < N; i += 2) {
+      lane_cleaners_pair<W>(v[i], v[i + 1]);
+    }
+  } else {
 #pragma GCC unroll 32
-  for (int i = 0; i < N; ++i) {
-    lane_steps<W>(v[i], K);
+    for (int i = 0; i < N; ++i) {
+      lane_steps<W>(v[i], K);
+    }
   }
 }
 
@@ -554,32 +619,42 @@ POPSIM_INLINE void sort_network(int64_t* x, int64_t size) {
   }
 }
 
-// Sorts packed items[0, n) ascending through buf (room for padded_size(n, W) items).
+// Sorts packed items[0, n) ascending (n <= kBitonicBaseMax) through buf (room for
+// padded_size(n, W) items). Indices of any width come through: the network sees each item's
+// position as its index (see [Note: items as doubles]), which orders equal keys by position;
+// an insertion pass then orders them by their own indices (one comparison per item when the
+// keys are distinct or their indices already ascend).
 template <int W>
 POPSIM_INLINE void sort_items(uint64_t* items, int64_t n, int64_t* buf) {
   const int64_t size = padded_size(n, W);
+  uint64_t given[kBitonicBaseMax];
+  std::copy(items, items + n, given);
   for (int64_t i = 0; i < n; ++i) {
-    buf[i] = static_cast<int64_t>(items[i] ^ kBias);
+    buf[i] = network_item((items[i] & ~uint64_t{0xffffffff}) | static_cast<uint64_t>(i));
   }
   std::fill(buf + n, buf + size, kPad);
   sort_network<W>(buf, size);
   for (int64_t i = 0; i < n; ++i) {
-    items[i] = static_cast<uint64_t>(buf[i]) ^ kBias;
+    const uint64_t item = given[buf[i] & kIndexMask];
+    int64_t j = i;
+    for (; j > 0 && items[j - 1] > item; --j) {
+      items[j] = items[j - 1];
+    }
+    items[j] = item;
   }
 }
 
 // Items a sort_rows buffer must hold for rows of n (any SIMD level).
 constexpr int64_t rows_buffer_size(int64_t n) { return std::max<int64_t>(padded_size(n, 8), 8 * kRun); }
 
-// Codecs whose items the loops below make and read back W at a time: float32 and int32, whose
-// biased item is (signed key << 32 | index).
+// Codecs whose items the loops below make and read back W at a time: float32 and int32.
 template <typename scalar_t>
 constexpr bool kVectorCodec = std::is_same<scalar_t, float>::value ||
                               std::is_same<scalar_t, int32_t>::value;
 
-// The keys of 2W float32 or int32 values as signed integers, the top words of their biased
-// items (see [Note: sort keys]); ORs -1 into the lanes of `inexact` whose key does not give the
-// value back (NaN, -0.0).
+// The keys of 2W float32 or int32 values (see [Note: sort keys]) with the top bit flipped (they
+// order as signed integers); ORs -1 into the lanes of `inexact` whose key does not give the value
+// back (NaN, -0.0).
 template <typename scalar_t, int W>
 POPSIM_INLINE void signed_keys(const scalar_t* in, const V32<2 * W>& flip_mask, V32<2 * W>& keys,
                                V32<2 * W>& inexact) {
@@ -595,9 +670,9 @@ POPSIM_INLINE void signed_keys(const scalar_t* in, const V32<2 * W>& flip_mask, 
   keys = bits ^ flip_mask;
 }
 
-// Writes the biased items of row_in[0, n) to out, in an order of their own (each run of 2W
-// values comes out interleaved as the unpack instructions leave it; the sort does not mind);
-// ORs the flags of inexact keys into flags.
+// Writes the network items of row_in[0, n) to out (see [Note: items as doubles]), in an order of
+// their own (each run of 2W values comes out interleaved as the unpack instructions leave it; the
+// sort does not mind); ORs the flags of inexact keys into flags.
 template <typename Codec, typename scalar_t, int W>
 POPSIM_INLINE void make_items(
     const scalar_t* row_in, int64_t n, uint32_t flip, int64_t* out, uint32_t& flags) {
@@ -617,10 +692,14 @@ POPSIM_INLINE void make_items(
     }
     V32<kLanes> inexact{};
     for (; i + kLanes <= n; i += kLanes) {
-      V32<kLanes> key;
-      signed_keys<scalar_t, W>(row_in + i, flip_mask, key, inexact);
-      const V32<kLanes> items_low = __builtin_shuffle(index, key, low);
-      const V32<kLanes> items_high = __builtin_shuffle(index, key, high);
+      V32<kLanes> signed_key;
+      signed_keys<scalar_t, W>(row_in + i, flip_mask, signed_key, inexact);
+      const U32<kLanes> key = (U32<kLanes>)signed_key ^ 0x80000000u;
+      // the low and the high words of kExponent | key << 20 | index
+      const U32<kLanes> low_words = key << kIndexBits | (U32<kLanes>)index;
+      const U32<kLanes> high_words = key >> (32 - kIndexBits) | uint32_t{kExponent >> 32};
+      const U32<kLanes> items_low = __builtin_shuffle(low_words, high_words, low);
+      const U32<kLanes> items_high = __builtin_shuffle(low_words, high_words, high);
       std::memcpy(out + i, &items_low, sizeof(items_low));
       std::memcpy(out + i + W, &items_high, sizeof(items_high));
       index += kLanes;
@@ -630,11 +709,11 @@ POPSIM_INLINE void make_items(
     }
   }
   for (; i < n; ++i) {
-    out[i] = static_cast<int64_t>(Codec::make(row_in[i], i, flip, flags) ^ kBias);
+    out[i] = network_item(Codec::make(row_in[i], i, flip, flags));
   }
 }
 
-// Writes the sorted biased items[0, n) of row_in out as indices and (unless null) values;
+// Writes the sorted network items[0, n) of row_in out as indices and (unless null) values;
 // gather: some key did not give its value back (NaN or -0.0), so values are read from row_in.
 // stream: write with streaming stores (outputs aligned to 8W bytes, n a multiple of 2W).
 template <typename Codec, typename scalar_t, int W>
@@ -646,13 +725,13 @@ POPSIM_INLINE void write_items(
     V<W> item;
     load<W>(item, items + i);
     if (stream) {
-      store_streaming<W>(indices + i, item & 0xffffffff);
+      store_streaming<W>(indices + i, item & kIndexMask);
     } else {
-      store<W>(indices + i, item & 0xffffffff);
+      store<W>(indices + i, item & kIndexMask);
     }
   }
   for (; i < n; ++i) {
-    indices[i] = items[i] & 0xffffffff;
+    indices[i] = items[i] & kIndexMask;
   }
   if (values == nullptr) {
     return;
@@ -667,16 +746,19 @@ POPSIM_INLINE void write_items(
   if constexpr (kVectorCodec<scalar_t>) {
     constexpr int kLanes = 2 * W;
     const V32<kLanes> flip_mask = V32<kLanes>{} - static_cast<int32_t>(flip != 0);
-    V32<kLanes> high_words;
+    V32<kLanes> low_words;
     for (int l = 0; l < kLanes; ++l) {
-      high_words[l] = 2 * l + 1;
+      low_words[l] = 2 * l;
     }
     for (; i + kLanes <= n; i += kLanes) {
-      V32<kLanes> first;
-      V32<kLanes> second;
+      typename Vec<W>::unsigned_type first;
+      typename Vec<W>::unsigned_type second;
       std::memcpy(&first, items + i, sizeof(first));
       std::memcpy(&second, items + i + W, sizeof(second));
-      V32<kLanes> key = __builtin_shuffle(first, second, high_words) ^ flip_mask;
+      first >>= kIndexBits;  // the key in the low word, the exponent in the high one
+      second >>= kIndexBits;
+      V32<kLanes> key = __builtin_shuffle((V32<kLanes>)first, (V32<kLanes>)second, low_words);
+      key ^= flip_mask ^ INT32_MIN;  // the signed key, as signed_keys made it
       if constexpr (std::is_same<scalar_t, float>::value) {
         key ^= (key >> 31) & 0x7fffffff;
       }
@@ -688,7 +770,7 @@ POPSIM_INLINE void write_items(
     }
   }
   for (; i < n; ++i) {
-    values[i] = Codec::value(static_cast<uint64_t>(items[i]) ^ kBias, flip);
+    values[i] = Codec::value(packed_item(items[i]), flip);
   }
 }
 
