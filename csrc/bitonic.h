@@ -670,12 +670,24 @@ POPSIM_INLINE void signed_keys(const scalar_t* in, const V32<2 * W>& flip_mask, 
   keys = bits ^ flip_mask;
 }
 
+// Whether any lane of mask is set.
+template <int W>
+POPSIM_INLINE uint32_t any_lane(const V32<2 * W>& mask) {
+  uint32_t any = 0;
+  for (int l = 0; l < 2 * W; ++l) {
+    any |= static_cast<uint32_t>(mask[l] != 0);
+  }
+  return any;
+}
+
 // Writes the network items of row_in[0, n) to out (see [Note: items as doubles]), in an order of
 // their own (each run of 2W values comes out interleaved as the unpack instructions leave it; the
-// sort does not mind); ORs the flags of inexact keys into flags.
+// sort does not mind). Keys that do not give their value back are flagged in the lanes of
+// `inexact` (see signed_keys) or, past the last whole run of 2W, in flags.
 template <typename Codec, typename scalar_t, int W>
 POPSIM_INLINE void make_items(
-    const scalar_t* row_in, int64_t n, uint32_t flip, int64_t* out, uint32_t& flags) {
+    const scalar_t* row_in, int64_t n, uint32_t flip, int64_t* out, uint32_t& flags,
+    V32<2 * W>& inexact) {
   int64_t i = 0;
   if constexpr (kVectorCodec<scalar_t>) {
     constexpr int kLanes = 2 * W;
@@ -690,7 +702,6 @@ POPSIM_INLINE void make_items(
       low[l] = group + pick + (l % 2 ? kLanes : 0);
       high[l] = group + 2 + pick + (l % 2 ? kLanes : 0);
     }
-    V32<kLanes> inexact{};
     for (; i + kLanes <= n; i += kLanes) {
       V32<kLanes> signed_key;
       signed_keys<scalar_t, W>(row_in + i, flip_mask, signed_key, inexact);
@@ -703,9 +714,6 @@ POPSIM_INLINE void make_items(
       std::memcpy(out + i, &items_low, sizeof(items_low));
       std::memcpy(out + i + W, &items_high, sizeof(items_high));
       index += kLanes;
-    }
-    for (int l = 0; l < kLanes; ++l) {
-      flags |= static_cast<uint32_t>(inexact[l] != 0);
     }
   }
   for (; i < n; ++i) {
@@ -783,10 +791,12 @@ POPSIM_INLINE void sort_short_rows(
   for (int64_t row = row_lo; row < row_hi; row += W) {
     const int64_t count = std::min<int64_t>(W, row_hi - row);
     uint32_t flags = 0;
+    V32<2 * W> inexact{};
     for (int64_t r = 0; r < count; ++r) {
-      make_items<Codec, scalar_t, W>(in + (row + r) * n, n, flip, buf + r * P, flags);
+      make_items<Codec, scalar_t, W>(in + (row + r) * n, n, flip, buf + r * P, flags, inexact);
       std::fill(buf + r * P + n, buf + (r + 1) * P, kPad);
     }
+    flags |= any_lane<W>(inexact);
     std::fill(buf + count * P, buf + W * P, kPad);
     sort_columns<W, P>(buf);
     for (int64_t r = 0; r < count; ++r) {
@@ -806,7 +816,9 @@ POPSIM_INLINE void sort_long_rows(
   std::fill(buf + n, buf + size, kPad);
   for (int64_t row = row_lo; row < row_hi; ++row) {
     uint32_t flags = 0;
-    make_items<Codec, scalar_t, W>(in + row * n, n, flip, buf, flags);
+    V32<2 * W> inexact{};
+    make_items<Codec, scalar_t, W>(in + row * n, n, flip, buf, flags, inexact);
+    flags |= any_lane<W>(inexact);
     sort_network<W>(buf, size);
     write_items<Codec, scalar_t, W>(buf, n, in + row * n, flip, flags != 0,
                                     values ? values + row * n : nullptr, indices + row * n,
