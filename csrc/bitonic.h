@@ -673,11 +673,13 @@ POPSIM_INLINE void signed_keys(const scalar_t* in, const V32<2 * W>& flip_mask, 
 // Whether any lane of mask is set.
 template <int W>
 POPSIM_INLINE uint32_t any_lane(const V32<2 * W>& mask) {
-  uint32_t any = 0;
-  for (int l = 0; l < 2 * W; ++l) {
-    any |= static_cast<uint32_t>(mask[l] != 0);
+  uint64_t words[W];
+  std::memcpy(words, &mask, sizeof(words));
+  uint64_t any = 0;
+  for (int l = 0; l < W; ++l) {
+    any |= words[l];
   }
-  return any;
+  return static_cast<uint32_t>(any != 0);
 }
 
 // Writes the network items of row_in[0, n) to out (see [Note: items as doubles]), in an order of
@@ -831,8 +833,12 @@ POPSIM_INLINE void sort_long_rows(
 // of them, they go out with streaming stores, which skip reading each line into the cache before
 // writing it: the batched short-row sorts run right after other work (torch.sort, in the
 // benchmark) found their 12 MiB of outputs out of cache, and paid for that read as much as for
-// the sort of 16-item rows itself.
+// the sort of 16-item rows itself. Rows of 256 were slower streamed, though (two threads: 1.97
+// against 1.54 ms for 4096 x 256 in one run, and 2.2 against 1.9 ms in benchmarks/kernels.py,
+// session 6), while rows of 64 and 1024 came out the same and rows of 4096 3-8% faster; rows
+// between kRun and kStreamRowMin items are therefore written the ordinary way.
 constexpr int64_t kStreamMin = int64_t{1} << 16;  // items a tile writes before it streams them
+constexpr int64_t kStreamRowMin = 1024;           // the shortest row past kRun that streams
 
 // Sorts rows [row_lo, row_hi) of n elements each and writes their values (unless null) and
 // indices; buf has room for rows_buffer_size(n) items.
@@ -842,7 +848,8 @@ POPSIM_INLINE void sort_rows(
     scalar_t* values, int64_t* indices, int64_t* buf) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (8 * W) == 0; };
   const bool stream = kVectorCodec<scalar_t> && (row_hi - row_lo) * n >= kStreamMin &&
-                      n % (2 * W) == 0 && aligned(indices) && (!values || aligned(values));
+                      (n <= kRun || n >= kStreamRowMin) && n % (2 * W) == 0 &&
+                      aligned(indices) && (!values || aligned(values));
   // (calls, not function pointers: those would lose the SIMD target)
   if (n <= W) {
     sort_short_rows<Codec, scalar_t, W, W>(in, row_lo, row_hi, n, flip, values, indices, buf,
