@@ -79,7 +79,7 @@ def short_sort_rows(quick: bool) -> list[Row]:
     total = 1 << (16 if quick else 20)
     repeats = 3 if quick else 9
     rows = []
-    for n in (16, 64, 256, 1024, 4096):
+    for n in (16, 64, 256, 1024, 4096, 32768):
         x = torch.randn(total // n, n)
         xn = x.numpy()
         values, indices = kernels.sort(x, dim=1)

@@ -218,12 +218,12 @@ def test_engine_counts_supersteps_and_exchange() -> None:
     kernels.reset_counters()
     with kernels.tiles(4):
         kernels.sort(torch.randn(100_000))  # scatter sort: build, count, scatter, sort, write
-        kernels.sort(torch.randn(10_000))  # mid row: local sorts, log2(4) merges, write-out
+        kernels.sort(torch.randn(40_000))  # mid row: local sorts, log2(4) merges, write-out
         kernels.sort(torch.randn(1000))  # short row: the bitonic network on one tile
     stats = kernels.counters()["sort"]
     assert stats.calls == 3
     assert stats.supersteps == 5 + (1 + 2 + 1) + 1
-    assert stats.bytes_exchanged == 100_000 * 8 + 2 * 10_000 * 8
+    assert stats.bytes_exchanged == 100_000 * 8 + 2 * 40_000 * 8
     assert stats.compare_exchanges > 100_000
     kernels.reset_counters()
     assert "sort" not in kernels.counters()
