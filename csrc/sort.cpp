@@ -109,6 +109,8 @@ void sort_rows_per_tile(
 // 0.53 ms; 8 x 32768: 1.65 against 3.79 ms; 64 x 16384: 4.7 against 5.5 ms), either way at 2^16,
 // slower from 2^17 (1 x 131072: 1.81 against 1.03 ms).
 constexpr int64_t kBitonicRowMax = int64_t{1} << 15;
+static_assert(kBitonicRowMax <= (int64_t{1} << bitonic::kIndexBits),
+              "the network's items hold indices of kIndexBits bits");
 
 // Short rows of packed items: each tile sorts whole rows with the bitonic network.
 template <typename Codec, typename scalar_t>
