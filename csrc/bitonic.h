@@ -682,6 +682,51 @@ POPSIM_INLINE uint32_t any_lane(const V32<2 * W>& mask) {
   return static_cast<uint32_t>(any != 0);
 }
 
+// The network items of the 2W values at in, whose indices are `index` (see [Note: items as
+// doubles]), as two vectors of W: first and second hold them interleaved as the unpack
+// instructions leave them. Keys that do not give their value back are flagged in `inexact`.
+template <typename scalar_t, int W>
+POPSIM_INLINE void make_item_vectors(const scalar_t* in, const V32<2 * W>& flip_mask,
+                                     const V32<2 * W>& index, V32<2 * W>& inexact,
+                                     V<W>& first, V<W>& second) {
+  constexpr int kLanes = 2 * W;
+  V32<kLanes> low;   // lane pattern of the unpack-low instruction, per 128 bits
+  V32<kLanes> high;  // and of unpack-high
+  for (int l = 0; l < kLanes; ++l) {
+    const int group = l / 4 * 4;
+    const int pick = l % 4 / 2;
+    low[l] = group + pick + (l % 2 ? kLanes : 0);
+    high[l] = group + 2 + pick + (l % 2 ? kLanes : 0);
+  }
+  V32<kLanes> signed_key;
+  signed_keys<scalar_t, W>(in, flip_mask, signed_key, inexact);
+  const U32<kLanes> key = (U32<kLanes>)signed_key ^ 0x80000000u;
+  // the low and the high words of kExponent | key << 20 | index
+  const U32<kLanes> low_words = key << kIndexBits | (U32<kLanes>)index;
+  const U32<kLanes> high_words = key >> (32 - kIndexBits) | uint32_t{kExponent >> 32};
+  first = (V<W>)__builtin_shuffle(low_words, high_words, low);
+  second = (V<W>)__builtin_shuffle(low_words, high_words, high);
+}
+
+// The values (as bits) of 2W network items of a float32 or int32 row, from their keys.
+template <typename scalar_t, int W>
+POPSIM_INLINE void values_of(const V<W>& first, const V<W>& second, const V32<2 * W>& flip_mask,
+                             V32<2 * W>& key) {
+  constexpr int kLanes = 2 * W;
+  V32<kLanes> low_words;
+  for (int l = 0; l < kLanes; ++l) {
+    low_words[l] = 2 * l;
+  }
+  // the key in the low word of each item shifted right, the exponent in the high one
+  const auto keys_first = (V32<kLanes>)((typename Vec<W>::unsigned_type)first >> kIndexBits);
+  const auto keys_second = (V32<kLanes>)((typename Vec<W>::unsigned_type)second >> kIndexBits);
+  key = __builtin_shuffle(keys_first, keys_second, low_words);
+  key ^= flip_mask ^ INT32_MIN;  // the signed key, as signed_keys made it
+  if constexpr (std::is_same<scalar_t, float>::value) {
+    key ^= (key >> 31) & 0x7fffffff;
+  }
+}
+
 // Writes the network items of row_in[0, n) to out (see [Note: items as doubles]), in an order of
 // their own (each run of 2W values comes out interleaved as the unpack instructions leave it; the
 // sort does not mind). Keys that do not give their value back are flagged in the lanes of
@@ -695,26 +740,15 @@ POPSIM_INLINE void make_items(
     constexpr int kLanes = 2 * W;
     const V32<kLanes> flip_mask = V32<kLanes>{} - static_cast<int32_t>(flip != 0);
     V32<kLanes> index;
-    V32<kLanes> low;   // lane pattern of the unpack-low instruction, per 128 bits
-    V32<kLanes> high;  // and of unpack-high
     for (int l = 0; l < kLanes; ++l) {
       index[l] = l;
-      const int group = l / 4 * 4;
-      const int pick = l % 4 / 2;
-      low[l] = group + pick + (l % 2 ? kLanes : 0);
-      high[l] = group + 2 + pick + (l % 2 ? kLanes : 0);
     }
     for (; i + kLanes <= n; i += kLanes) {
-      V32<kLanes> signed_key;
-      signed_keys<scalar_t, W>(row_in + i, flip_mask, signed_key, inexact);
-      const U32<kLanes> key = (U32<kLanes>)signed_key ^ 0x80000000u;
-      // the low and the high words of kExponent | key << 20 | index
-      const U32<kLanes> low_words = key << kIndexBits | (U32<kLanes>)index;
-      const U32<kLanes> high_words = key >> (32 - kIndexBits) | uint32_t{kExponent >> 32};
-      const U32<kLanes> items_low = __builtin_shuffle(low_words, high_words, low);
-      const U32<kLanes> items_high = __builtin_shuffle(low_words, high_words, high);
-      std::memcpy(out + i, &items_low, sizeof(items_low));
-      std::memcpy(out + i + W, &items_high, sizeof(items_high));
+      V<W> first;
+      V<W> second;
+      make_item_vectors<scalar_t, W>(row_in + i, flip_mask, index, inexact, first, second);
+      store<W>(out + i, first);
+      store<W>(out + i + W, second);
       index += kLanes;
     }
   }
@@ -756,22 +790,13 @@ POPSIM_INLINE void write_items(
   if constexpr (kVectorCodec<scalar_t>) {
     constexpr int kLanes = 2 * W;
     const V32<kLanes> flip_mask = V32<kLanes>{} - static_cast<int32_t>(flip != 0);
-    V32<kLanes> low_words;
-    for (int l = 0; l < kLanes; ++l) {
-      low_words[l] = 2 * l;
-    }
     for (; i + kLanes <= n; i += kLanes) {
-      typename Vec<W>::unsigned_type first;
-      typename Vec<W>::unsigned_type second;
-      std::memcpy(&first, items + i, sizeof(first));
-      std::memcpy(&second, items + i + W, sizeof(second));
-      first >>= kIndexBits;  // the key in the low word, the exponent in the high one
-      second >>= kIndexBits;
-      V32<kLanes> key = __builtin_shuffle((V32<kLanes>)first, (V32<kLanes>)second, low_words);
-      key ^= flip_mask ^ INT32_MIN;  // the signed key, as signed_keys made it
-      if constexpr (std::is_same<scalar_t, float>::value) {
-        key ^= (key >> 31) & 0x7fffffff;
-      }
+      V<W> first;
+      V<W> second;
+      load<W>(first, items + i);
+      load<W>(second, items + i + W);
+      V32<kLanes> key;
+      values_of<scalar_t, W>(first, second, flip_mask, key);
       if (stream) {
         store_streaming<W>(values + i, key);
       } else {
@@ -784,13 +809,94 @@ POPSIM_INLINE void write_items(
   }
 }
 
+// W float32 or int32 rows of exactly kRun items from `row` on, held in registers from their
+// values to their outputs (the column network of sort_short_rows without its buffer).
+template <typename Codec, typename scalar_t, int W>
+POPSIM_INLINE void sort_run_rows(const scalar_t* in, int64_t row, uint32_t flip,
+                                 scalar_t* values, int64_t* indices, bool stream) {
+  constexpr int P = kRun;
+  constexpr int kLanes = 2 * W;
+  static_assert(P % kLanes == 0, "a run holds whole runs of 2W values");
+  const V32<kLanes> flip_mask = V32<kLanes>{} - static_cast<int32_t>(flip != 0);
+  V32<kLanes> inexact{};
+  V<W> v[P];  // vector j * W + r: the j-th W items of row r, then (transposed) a column
+#pragma GCC unroll 4
+  for (int c = 0; c < P / kLanes; ++c) {
+    V32<kLanes> index;
+    for (int l = 0; l < kLanes; ++l) {
+      index[l] = c * kLanes + l;
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < W; ++r) {
+      make_item_vectors<scalar_t, W>(in + (row + r) * P + c * kLanes, flip_mask, index, inexact,
+                                     v[2 * c * W + r], v[(2 * c + 1) * W + r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < P / W; ++j) {
+    transpose<W>(v + j * W);
+  }
+  apply_network<W, P>(v, std::make_index_sequence<odd_even_size<P>()>());
+#pragma GCC unroll 8
+  for (int j = 0; j < P / W; ++j) {
+    transpose<W>(v + j * W);  // vector j * W + r: row r's sorted items j * W, ..., j * W + W - 1
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < W; ++r) {
+    int64_t* row_indices = indices + (row + r) * P;
+#pragma GCC unroll 8
+    for (int j = 0; j < P / W; ++j) {
+      const V<W> index = v[j * W + r] & kIndexMask;
+      if (stream) {
+        store_streaming<W>(row_indices + j * W, index);
+      } else {
+        store<W>(row_indices + j * W, index);
+      }
+    }
+  }
+  if (values == nullptr) {
+    return;
+  }
+  const bool gather = any_lane<W>(inexact);  // NaN or -0.0: read the values from the input
+#pragma GCC unroll 8
+  for (int r = 0; r < W; ++r) {
+    scalar_t* row_values = values + (row + r) * P;
+    if (gather) {
+      for (int j = 0; j < P / W; ++j) {
+        for (int l = 0; l < W; ++l) {
+          row_values[j * W + l] = in[(row + r) * P + (v[j * W + r][l] & kIndexMask)];
+        }
+      }
+      continue;
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < P / W; j += 2) {
+      V32<kLanes> bits;
+      values_of<scalar_t, W>(v[j * W + r], v[(j + 1) * W + r], flip_mask, bits);
+      if (stream) {
+        store_streaming<W>(row_values + j * W, bits);
+      } else {
+        std::memcpy(row_values + j * W, &bits, sizeof(bits));
+      }
+    }
+  }
+}
+
 // Rows of n <= P items (P a power of two, W <= P <= kRun), W rows at a time by columns
 // (see [Note: column networks]); buf has room for W * P items.
 template <typename Codec, typename scalar_t, int W, int P>
 POPSIM_INLINE void sort_short_rows(
     const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,
     scalar_t* values, int64_t* indices, int64_t* buf, bool stream) {
-  for (int64_t row = row_lo; row < row_hi; row += W) {
+  int64_t row = row_lo;
+  if constexpr (kVectorCodec<scalar_t> && P == kRun) {
+    if (n == P) {
+      for (; row + W <= row_hi; row += W) {
+        sort_run_rows<Codec, scalar_t, W>(in, row, flip, values, indices, stream);
+      }
+    }
+  }
+  for (; row < row_hi; row += W) {
     const int64_t count = std::min<int64_t>(W, row_hi - row);
     uint32_t flags = 0;
     V32<2 * W> inexact{};
