@@ -15,9 +15,10 @@
 // least W pairs whole vectors (the mirror step reverses one of them); steps of distance below W
 // pair lanes of one vector, and all of them for one stage run on a vector while it sits in a
 // register. With AVX2 and the baseline, those lane steps run on two vectors at once: their lanes
-// are regrouped (two permutes) so that each lane step becomes a minimum and a maximum of whole
-// vectors, and regrouped back after the last one (see lane_cleaners_pair). The first log2(W)
-// stages sort each vector on its own.
+// are regrouped (two permutes before each step) so that each lane step becomes a minimum and a
+// maximum of whole vectors, and put back after the last one (see lane_cleaners_pair: 12
+// instructions for both steps on two vectors, where one vector at a time took 16). The first
+// log2(W) stages sort each vector on its own.
 //
 // Rows of at least W * kRun items first sort their runs of kRun items by columns (see [Note:
 // column networks]); the stages up to a block of 8 vectors run on the block held in registers,
