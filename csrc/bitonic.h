@@ -144,6 +144,16 @@ POPSIM_INLINE void store_streaming(void* p, const Vector& v) {
   }
 }
 
+// Writes an output vector at p: streamed (p aligned to its size) or stored.
+template <int W, typename Vector>
+POPSIM_INLINE void write_vector(void* p, const Vector& v, bool stream) {
+  if (stream) {
+    store_streaming<W>(p, v);
+  } else {
+    std::memcpy(p, &v, sizeof(v));
+  }
+}
+
 // Compares lane i of v with lane i ^ J (Mirror: i ^ (2J - 1)); the lower lane of each pair
 // (bit J clear) keeps the smaller item.
 template <int W, int J, bool Mirror>
@@ -234,19 +244,20 @@ POPSIM_INLINE void half_cleaners(V<W>* v) {
   }
 }
 
-// Two half-cleaner steps in one pass: the vectors at x, x + j/2, x + j and x + 3j/2 are
-// compared at distance j, then at distance j / 2.
-template <int W>
-POPSIM_INLINE void exchange_two_steps(int64_t* x, int64_t j) {
-  V<W> v[4];
-#pragma GCC unroll 4
-  for (int m = 0; m < 4; ++m) {
-    load<W>(v[m], x + m * (j / 2));
+// log2(N) half-cleaner steps in one pass: the N vectors at x + m * 2j / N (m < N) are compared
+// at distance j, j / 2, ..., 2j / N (N = 4: two steps, N = 8: three).
+template <int W, int N>
+POPSIM_INLINE void exchange_steps(int64_t* x, int64_t j) {
+  const int64_t stride = 2 * j / N;
+  V<W> v[N];
+#pragma GCC unroll 8
+  for (int m = 0; m < N; ++m) {
+    load<W>(v[m], x + m * stride);
   }
-  half_cleaners<W, 4>(v);
-#pragma GCC unroll 4
-  for (int m = 0; m < 4; ++m) {
-    store<W>(x + m * (j / 2), v[m]);
+  half_cleaners<W, N>(v);
+#pragma GCC unroll 8
+  for (int m = 0; m < N; ++m) {
+    store<W>(x + m * stride, v[m]);
   }
 }
 
@@ -261,22 +272,6 @@ POPSIM_INLINE void exchange_reversed(V<W>& a, V<W>& b) {
   V<W> y = __builtin_shuffle(b, reverse);
   exchange<W>(a, y);
   b = __builtin_shuffle(y, reverse);
-}
-
-// Three half-cleaner steps in one pass: the vectors at x + m * j / 4 (m < 8) are compared at
-// distance j, j / 2 and j / 4.
-template <int W>
-POPSIM_INLINE void exchange_three_steps(int64_t* x, int64_t j) {
-  V<W> v[8];
-#pragma GCC unroll 8
-  for (int m = 0; m < 8; ++m) {
-    load<W>(v[m], x + m * (j / 4));
-  }
-  half_cleaners<W, 8>(v);
-#pragma GCC unroll 8
-  for (int m = 0; m < 8; ++m) {
-    store<W>(x + m * (j / 4), v[m]);
-  }
 }
 
 // The mirror step of merge stage k and its first half-cleaner (distance k / 4) in one pass, on
@@ -508,10 +503,25 @@ POPSIM_INLINE void transpose(V<W>* v) {
   }
 }
 
+// Sorts W runs of P items held in registers, one run per lane: vector c + r of v holds items
+// c, ..., c + W - 1 of run r (c a multiple of W), before and after.
+template <int W, int P>
+POPSIM_INLINE void sort_columns_in_registers(V<W>* v) {
+  static_assert(P % W == 0, "a run holds whole W x W blocks");
+#pragma GCC unroll 16
+  for (int c = 0; c < P; c += W) {
+    transpose<W>(v + c);  // vector c + i: item c + i of every run
+  }
+  apply_network<W, P>(v, std::make_index_sequence<odd_even_size<P>()>());
+#pragma GCC unroll 16
+  for (int c = 0; c < P; c += W) {
+    transpose<W>(v + c);
+  }
+}
+
 // Sorts the W runs of P items at x (run r at x + r * P) ascending, one run per lane.
 template <int W, int P>
 POPSIM_INLINE void sort_columns(int64_t* x) {
-  static_assert(P % W == 0, "a run holds whole W x W blocks");
   V<W> v[P];
 #pragma GCC unroll 16
   for (int c = 0; c < P; c += W) {
@@ -519,12 +529,10 @@ POPSIM_INLINE void sort_columns(int64_t* x) {
     for (int r = 0; r < W; ++r) {
       load<W>(v[c + r], x + r * P + c);
     }
-    transpose<W>(v + c);
   }
-  apply_network<W, P>(v, std::make_index_sequence<odd_even_size<P>()>());
+  sort_columns_in_registers<W, P>(v);
 #pragma GCC unroll 16
   for (int c = 0; c < P; c += W) {
-    transpose<W>(v + c);
 #pragma GCC unroll 8
     for (int r = 0; r < W; ++r) {
       store<W>(x + r * P + c, v[c + r]);
@@ -596,14 +604,14 @@ POPSIM_INLINE void sort_network(int64_t* x, int64_t size) {
     for (; j >= 4 * kBlock; j /= 8) {  // three steps per pass: distances j, j / 2, j / 4
       for (int64_t block = 0; block < size; block += 2 * j) {
         for (int64_t o = 0; o < j / 4; o += W) {
-          exchange_three_steps<W>(x + block + o, j);
+          exchange_steps<W, 8>(x + block + o, j);
         }
       }
     }
     for (; j >= 2 * kBlock; j /= 4) {  // two steps per pass: distances j and j / 2
       for (int64_t block = 0; block < size; block += 2 * j) {
         for (int64_t o = 0; o < j / 2; o += W) {
-          exchange_two_steps<W>(x + block + o, j);
+          exchange_steps<W, 4>(x + block + o, j);
         }
       }
     }
@@ -769,11 +777,7 @@ POPSIM_INLINE void write_items(
   for (; i + W <= n; i += W) {
     V<W> item;
     load<W>(item, items + i);
-    if (stream) {
-      store_streaming<W>(indices + i, item & kIndexMask);
-    } else {
-      store<W>(indices + i, item & kIndexMask);
-    }
+    write_vector<W>(indices + i, item & kIndexMask, stream);
   }
   for (; i < n; ++i) {
     indices[i] = items[i] & kIndexMask;
@@ -798,11 +802,7 @@ POPSIM_INLINE void write_items(
       load<W>(second, items + i + W);
       V32<kLanes> key;
       values_of<scalar_t, W>(first, second, flip_mask, key);
-      if (stream) {
-        store_streaming<W>(values + i, key);
-      } else {
-        std::memcpy(values + i, &key, sizeof(key));
-      }
+      write_vector<W>(values + i, key, stream);
     }
   }
   for (; i < n; ++i) {
@@ -820,7 +820,7 @@ POPSIM_INLINE void sort_run_rows(const scalar_t* in, int64_t row, uint32_t flip,
   static_assert(P % kLanes == 0, "a run holds whole runs of 2W values");
   const V32<kLanes> flip_mask = V32<kLanes>{} - static_cast<int32_t>(flip != 0);
   V32<kLanes> inexact{};
-  V<W> v[P];  // vector j * W + r: the j-th W items of row r, then (transposed) a column
+  V<W> v[P];  // vector j * W + r: the j-th W items of row r
 #pragma GCC unroll 4
   for (int c = 0; c < P / kLanes; ++c) {
     V32<kLanes> index;
@@ -833,26 +833,13 @@ POPSIM_INLINE void sort_run_rows(const scalar_t* in, int64_t row, uint32_t flip,
                                      v[2 * c * W + r], v[(2 * c + 1) * W + r]);
     }
   }
-#pragma GCC unroll 8
-  for (int j = 0; j < P / W; ++j) {
-    transpose<W>(v + j * W);
-  }
-  apply_network<W, P>(v, std::make_index_sequence<odd_even_size<P>()>());
-#pragma GCC unroll 8
-  for (int j = 0; j < P / W; ++j) {
-    transpose<W>(v + j * W);  // vector j * W + r: row r's sorted items j * W, ..., j * W + W - 1
-  }
+  sort_columns_in_registers<W, P>(v);  // now row r's sorted items j * W, ..., j * W + W - 1
 #pragma GCC unroll 8
   for (int r = 0; r < W; ++r) {
     int64_t* row_indices = indices + (row + r) * P;
 #pragma GCC unroll 8
     for (int j = 0; j < P / W; ++j) {
-      const V<W> index = v[j * W + r] & kIndexMask;
-      if (stream) {
-        store_streaming<W>(row_indices + j * W, index);
-      } else {
-        store<W>(row_indices + j * W, index);
-      }
+      write_vector<W>(row_indices + j * W, v[j * W + r] & kIndexMask, stream);
     }
   }
   if (values == nullptr) {
@@ -874,11 +861,7 @@ POPSIM_INLINE void sort_run_rows(const scalar_t* in, int64_t row, uint32_t flip,
     for (int j = 0; j < P / W; j += 2) {
       V32<kLanes> bits;
       values_of<scalar_t, W>(v[j * W + r], v[(j + 1) * W + r], flip_mask, bits);
-      if (stream) {
-        store_streaming<W>(row_values + j * W, bits);
-      } else {
-        std::memcpy(row_values + j * W, &bits, sizeof(bits));
-      }
+      write_vector<W>(row_values + j * W, bits, stream);
     }
   }
 }
