@@ -629,10 +629,10 @@ POPSIM_INLINE void sort_network(int64_t* x, int64_t size) {
 }
 
 // Sorts packed items[0, n) ascending (n <= kBitonicBaseMax) through buf (room for
-// padded_size(n, W) items). Indices of any width come through: the network sees each item's
-// position as its index (see [Note: items as doubles]), which orders equal keys by position;
-// an insertion pass then orders them by their own indices (one comparison per item when the
-// keys are distinct or their indices already ascend).
+// padded_size(n, W) items). The items come in index order, as every caller builds them, so an
+// item's position orders equal keys as its index does: the network sees positions as indices
+// (indices of any width come through; see [Note: items as doubles]) and the sorted positions
+// pick the given items.
 template <int W>
 POPSIM_INLINE void sort_items(uint64_t* items, int64_t n, int64_t* buf) {
   const int64_t size = padded_size(n, W);
@@ -644,12 +644,7 @@ POPSIM_INLINE void sort_items(uint64_t* items, int64_t n, int64_t* buf) {
   std::fill(buf + n, buf + size, kPad);
   sort_network<W>(buf, size);
   for (int64_t i = 0; i < n; ++i) {
-    const uint64_t item = given[buf[i] & kIndexMask];
-    int64_t j = i;
-    for (; j > 0 && items[j - 1] > item; --j) {
-      items[j] = items[j - 1];
-    }
-    items[j] = item;
+    items[i] = given[buf[i] & kIndexMask];
   }
 }
 
@@ -974,8 +969,8 @@ POPSIM_BITONIC_VARIANT(_avx2, POPSIM_AVX2, 4)
 POPSIM_BITONIC_VARIANT(_base, , 2)
 #undef POPSIM_BITONIC_VARIANT
 
-// Sorts packed items[0, n) ascending in place with the current level's network; n is at most
-// kBitonicBaseMax. Defined in bitonic.cpp.
+// Sorts packed items[0, n), given in index order, ascending in place with the current level's
+// network; n is at most kBitonicBaseMax. Defined in bitonic.cpp.
 void sort_small(uint64_t* items, int64_t n);
 
 }  // namespace bitonic
