@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import runpy
 import sys
 
 import poptorch  # noqa: F401  (makes ``import poptorch`` resolve to poptorch_sim)
+
+from .script import run_program
 
 
 def main(argv: list[str]) -> int:
@@ -13,8 +14,7 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m poptorch_sim SCRIPT [ARGS...]", file=sys.stderr)
         return 2
-    sys.argv = list(argv)
-    runpy.run_path(argv[0], run_name="__main__")
+    run_program(argv[0], argv[1:])
     return 0
 
 

@@ -126,16 +126,23 @@ def test_hardware_is_configurable(monkeypatch) -> None:
 
 
 def test_run_script_with_module_runner(tmp_path) -> None:
+    # The script imports a module beside it, as ``python user_script.py`` would let it, while
+    # the runner starts from another folder.
+    (tmp_path / "helpers.py").write_text("SCALE = 3.0\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
     script = tmp_path / "user_script.py"
     script.write_text(
         "import sys, torch, poptorch\n"
+        "from helpers import SCALE\n"
         "m = poptorch.inferenceModel(torch.nn.Identity())\n"
-        "print('ok', sys.argv[1:], m(torch.ones(2)).tolist())\n"
+        "print('ok', sys.argv[1:], (SCALE * m(torch.ones(2))).tolist())\n"
     )
     out = subprocess.run(
         [sys.executable, "-m", "poptorch_sim", str(script), "--flag", "1"],
         capture_output=True,
         text=True,
         check=True,
+        cwd=elsewhere,
     )
-    assert out.stdout.strip() == "ok ['--flag', '1'] [1.0, 1.0]"
+    assert out.stdout.strip() == "ok ['--flag', '1'] [3.0, 3.0]"
