@@ -105,6 +105,9 @@ def test_instance_environment_matches_poprun(no_launcher: pytest.MonkeyPatch) ->
         instance.popdist_environment(torchrun, num_replicas=3, ipus_per_replica=1)
     with pytest.raises(ValueError, match="RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE not set"):
         instance.popdist_environment({}, num_replicas=1, ipus_per_replica=1)
+    no_launcher.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match="WORLD_SIZE must be an integer, got 'two'"):
+        instance.main(["program.py"])
 
 
 def test_popdist_options_take_the_launchers_share(no_launcher: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..script import run_program
+from .topology import _int
 
 __all__ = ["main", "popdist_environment"]
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         argv: ``[--num-replicas N] [--ipus-per-replica K] program [args...]`` (default: sys.argv).
     """
     ns = _parse(sys.argv[1:] if argv is None else argv)
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    world = _int("WORLD_SIZE") or 1
     replicas = ns.num_replicas if ns.num_replicas is not None else world
     os.environ.update(popdist_environment(os.environ, replicas, ns.ipus_per_replica))
     run_program(ns.program, ns.args)
