@@ -126,21 +126,26 @@ POPSIM_INLINE void exchange(V<W>& a, V<W>& b) {
   b = (V<W>)(y < x ? x : y);  // and maxpd's
 }
 
-// Stores v at p (aligned to its size) with a streaming store (see [Note: streaming stores]).
+// Stores v at p (aligned to its size) with streaming stores (see [Note: streaming stores]), 32
+// bytes at a time with AVX (W >= 4): the 8-lane network then also compiles for AVX2
+// (sort_rows_8_lanes_avx2), and a 64-byte line takes two stores instead of one.
 // (Assembly: GCC has no generic non-temporal store, and the intrinsics need the SIMD target on
 // this template itself.)
 template <int W, typename Vector>
 POPSIM_INLINE void store_streaming(void* p, const Vector& v) {
-  typedef long long Lanes __attribute__((vector_size(8 * W)));
-  Lanes lanes;
-  std::memcpy(&lanes, &v, sizeof(lanes));
-  Lanes& out = *static_cast<Lanes*>(p);
-  if constexpr (W == 8) {
-    asm("vmovntdq %1, %0" : "=m"(out) : "v"(lanes));
-  } else if constexpr (W == 4) {
-    asm("vmovntdq %1, %0" : "=m"(out) : "x"(lanes));
+  if constexpr (W >= 4) {
+    typedef long long Half __attribute__((vector_size(32)));
+    for (size_t offset = 0; offset < sizeof(v); offset += sizeof(Half)) {
+      Half half;
+      std::memcpy(&half, reinterpret_cast<const char*>(&v) + offset, sizeof(half));
+      Half& out = *reinterpret_cast<Half*>(static_cast<char*>(p) + offset);
+      asm("vmovntdq %1, %0" : "=m"(out) : "x"(half));
+    }
   } else {
-    asm("movntdq %1, %0" : "=m"(out) : "x"(lanes));
+    typedef long long Lanes __attribute__((vector_size(16)));
+    Lanes lanes;
+    std::memcpy(&lanes, &v, sizeof(lanes));
+    asm("movntdq %1, %0" : "=m"(*static_cast<Lanes*>(p)) : "x"(lanes));
   }
 }
 
@@ -942,7 +947,7 @@ POPSIM_INLINE void sort_rows(
   } else if (n <= 2 * W) {
     sort_short_rows<Codec, scalar_t, W, std::min(2 * W, kRun)>(in, row_lo, row_hi, n, flip,
                                                                values, indices, buf, stream);
-  } else if (n <= 4 * W) {
+  } else if (n <= std::min(4 * W, kRun)) {
     sort_short_rows<Codec, scalar_t, W, std::min(4 * W, kRun)>(in, row_lo, row_hi, n, flip,
                                                                values, indices, buf, stream);
   } else if (n <= kRun) {
@@ -967,6 +972,10 @@ POPSIM_INLINE void sort_rows(
 POPSIM_BITONIC_VARIANT(_avx512, POPSIM_AVX512, 8)
 POPSIM_BITONIC_VARIANT(_avx2, POPSIM_AVX2, 4)
 POPSIM_BITONIC_VARIANT(_base, , 2)
+// The 8-lane network compiled for AVX2 (GCC splits each 8-lane operation in two), so that the
+// AVX-512 variant's logic runs in the tests on CPUs without AVX-512 (sort_rows_8_lanes in
+// sort.cpp).
+POPSIM_BITONIC_VARIANT(_8_lanes_avx2, POPSIM_AVX2, 8)
 #undef POPSIM_BITONIC_VARIANT
 
 // Sorts packed items[0, n), given in index order, ascending in place with the current level's

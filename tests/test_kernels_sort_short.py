@@ -132,3 +132,33 @@ def test_long_rows_with_network_base_case_match_torch_sort() -> None:
     _check(_rows(1, 1 << 17, torch.float32, seed=8).view(-1))
     _check(_rows(1, 1 << 17, torch.int8, seed=9).view(-1), descending=True)
     _check(_rows(2, 40_000, torch.float16, seed=10))  # per-tile slices and merges
+
+
+def _check_8_lanes(x: torch.Tensor, descending: bool = False) -> None:
+    values, indices = torch.ops.poptorch_sim._sort_rows_8_lanes(x, descending)
+    ref_values, ref_indices = torch.sort(x, descending=descending, stable=True)
+    assert torch.equal(indices, ref_indices)
+    assert torch.equal(_bits(values), _bits(x).gather(-1, ref_indices))
+
+
+PACKED_DTYPES = [dtype for dtype in DTYPES if dtype.itemsize <= 4]  # those the network sorts
+
+
+@pytest.mark.skipif("avx2" not in LEVELS, reason="the 8-lane network is compiled for AVX2 here")
+@pytest.mark.parametrize("dtype", PACKED_DTYPES, ids=str)
+def test_8_lane_network_matches_stable_torch_sort(dtype: torch.dtype) -> None:
+    # The AVX-512 variant's logic (8 lanes), compiled for AVX2 so that it runs without AVX-512:
+    # every length it pads or dispatches differently (P = 8, 16, the long rows from 17).
+    for n in [*range(1, 70), *LENGTHS]:
+        _check_8_lanes(_rows(3, n, dtype, seed=n), descending=n % 2 == 1)
+    with kernels.tiles(1):  # one tile writes >= 2^16 items: streamed out (n = 16 and 1024)
+        for n in (16, 1024):
+            _check_8_lanes(torch.randn((1 << 16) // n + 3, n).to(dtype))
+
+
+@pytest.mark.skipif("avx2" not in LEVELS, reason="the 8-lane network is compiled for AVX2 here")
+def test_8_lane_network_names_what_it_cannot_sort() -> None:
+    with pytest.raises(RuntimeError, match="Long does not go through the bitonic network"):
+        torch.ops.poptorch_sim._sort_rows_8_lanes(torch.arange(5))
+    with pytest.raises(RuntimeError, match="rows of at most 32768 items, got 32769"):
+        torch.ops.poptorch_sim._sort_rows_8_lanes(torch.randn(32769))
