@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
+import weakref
 
 import pytest
 import torch
@@ -191,6 +193,21 @@ def test_concurrent_calls_share_the_io_tiles_and_get_their_own_results():
             torch.testing.assert_close(got[0], Overlapped.forward(module, x)[0])
     assert [p.maxsize for p in model._executable.io._handovers] == [3, 3]
     model.destroy()
+
+
+@pytest.mark.parametrize("cls", [Overlapped, TwoIpus])
+def test_a_model_dropped_without_destroy_stops_its_io_threads(cls):
+    # The IO threads must not keep the model alive: once nothing holds it, it is collected and
+    # its threads are stopped and joined, as destroy() would.
+    model = poptorch.inferenceModel(cls(), _options())
+    model(_images(8))
+    io_threads = list(model._executable.io._threads)
+    assert len(io_threads) == 3 and all(t.is_alive() for t in io_threads)
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None
+    assert not any(t.is_alive() for t in io_threads)
 
 
 # -- the pipeline itself -------------------------------------------------------------------------

@@ -165,7 +165,6 @@ class IoTiles:
     ) -> None:
         if depth < 1:
             raise Error(f"the IO prefetch depth must be at least 1, got {depth}")
-        self._compute, self._map = compute, map_tensors
         self.device, self.ipu, self.trace = device, ipu, trace
         self.num_io_tiles = num_io_tiles
         self.compute_threads, self.io_threads = thread_split(threads, num_io_tiles)
@@ -173,36 +172,41 @@ class IoTiles:
         loaded: queue.Queue[_Item] = queue.Queue(maxsize=depth)
         computed: queue.Queue[_Item] = queue.Queue(maxsize=depth)
         self._handovers = (loaded, computed)
-        self._streams = _Streams(device)
-        self._stop = threading.Event()
-        load, compute, store = (
-            ("load", self._load),
-            ("compute", self._run_compute),
-            ("store", self._store),
+        stop = threading.Event()
+        # The threads hold the pipeline, never this object: a model dropped without destroy()
+        # lets it be collected, and the finalizer stops and joins them.
+        pipeline = _Pipeline(compute, map_tensors, device, ipu, trace, stop)
+        load, compute_step, store = (
+            ("load", pipeline.load),
+            ("compute", pipeline.compute),
+            ("store", pipeline.store),
         )
         phases = [
             _Phase("load", (load,), self._to_load, loaded, self.io_threads),
-            _Phase("compute", (compute,), loaded, computed, self.compute_threads),
+            _Phase("compute", (compute_step,), loaded, computed, self.compute_threads),
             _Phase("store", (store,), computed, None, self.io_threads),
         ]
         if not overlap:  # just in time: every phase on the compute thread, with all its threads
-            phases = [_Phase("serial", (load, compute, store), self._to_load, None, threads)]
+            phases = [_Phase("serial", (load, compute_step, store), self._to_load, None, threads)]
+        ready = threading.Semaphore(0)
         self._threads = [
             threading.Thread(
-                target=self._loop, args=(p,), name=f"poptorch_sim IPU {ipu} {p.name}", daemon=True
+                target=pipeline.loop,
+                args=(p, ready),
+                name=f"poptorch_sim IPU {ipu} {p.name}",
+                daemon=True,
             )
             for p in phases
         ]
         main_threads = torch.get_num_threads()
-        self._ready = threading.Semaphore(0)
         for thread in self._threads:
             thread.start()
         for _ in self._threads:
-            self._ready.acquire(timeout=JOIN_TIMEOUT_S)
+            ready.acquire(timeout=JOIN_TIMEOUT_S)
         restore_default_threads(main_threads)  # See [Note: per-thread intra-op threads]
         inboxes = [p.inbox for p in phases]
         self._finalizer = weakref.finalize(
-            self, _shutdown, self._stop, inboxes, self._threads, trace, report
+            self, _shutdown, stop, inboxes, self._threads, trace, report
         )
         atexit.register(self._finalizer)
 
@@ -248,16 +252,32 @@ class IoTiles:
         if dead:
             raise Error(f"the IO threads {dead} stopped; destroy the model and wrap it again")
 
-    # -- the threads ----------------------------------------------------------------------------
 
-    def _loop(self, phase: _Phase) -> None:
+class _Pipeline:
+    """The threads' side of the IO tiles: what each phase does to a micro-batch."""
+
+    def __init__(
+        self,
+        compute: Compute,
+        map_tensors: Mapper,
+        device: torch.device,
+        ipu: int,
+        trace: TraceRecorder | None,
+        stop: threading.Event,
+    ) -> None:
+        self._compute, self._map = compute, map_tensors
+        self.device, self.ipu, self.trace, self.stop = device, ipu, trace, stop
+        self._streams = _Streams(device)
+
+    def loop(self, phase: _Phase, ready: threading.Semaphore) -> None:
+        """A phase's thread: run its steps on each micro-batch of its inbox until STOP."""
         try:
             set_worker_threads(phase.threads)  # See [Note: per-thread intra-op threads]
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
         finally:
-            self._ready.release()
-        while not self._stop.is_set():
+            ready.release()
+        while not self.stop.is_set():
             item = phase.inbox.get()  # idle threads block here; close() sends STOP
             if item is STOP:
                 return
@@ -275,7 +295,7 @@ class IoTiles:
                 return
 
     def _hand_over(self, outbox: queue.Queue[_Item], item: _Item) -> bool:
-        while not self._stop.is_set():
+        while not self.stop.is_set():
             try:
                 outbox.put(item, timeout=POLL_S)
                 return True
@@ -292,16 +312,16 @@ class IoTiles:
         ):
             work(item)
 
-    def _load(self, item: _Item) -> None:
+    def load(self, item: _Item) -> None:
         item.values = self._map(item.values, lambda t: self._streams.load(t, item))
 
-    def _run_compute(self, item: _Item) -> None:
+    def compute(self, item: _Item) -> None:
         self._streams.before_compute(item)
         with torch.no_grad():
             item.values = self._compute(item.values, item.replica)
         self._streams.after_compute(item)
 
-    def _store(self, item: _Item) -> None:
+    def store(self, item: _Item) -> None:
         item.values = [
             self._streams.store(v, item) if isinstance(v, torch.Tensor) else v for v in item.values
         ]
