@@ -112,20 +112,23 @@ constexpr int64_t kBitonicRowMax = int64_t{1} << 15;
 static_assert(kBitonicRowMax <= (int64_t{1} << bitonic::kIndexBits),
               "the network's items hold indices of kIndexBits bits");
 
-// Short rows of packed items: each tile sorts whole rows with the bitonic network, the current
-// SIMD level's variant unless eight_lanes_on_avx2 asks for the AVX-512 variant's logic compiled
-// for AVX2 (sort_rows_8_lanes).
+// A bitonic::sort_rows variant.
+template <typename scalar_t>
+using RowSort = void (*)(const scalar_t*, int64_t, int64_t, int64_t, uint32_t, scalar_t*,
+                         int64_t*, int64_t*);
+
+// Short rows of packed items: each tile sorts whole rows with the bitonic network, by the current
+// SIMD level's variant unless given another.
 template <typename Codec, typename scalar_t>
 void sort_rows_bitonic(
     const scalar_t* in, int64_t rows, int64_t n, uint32_t flip, scalar_t* values,
-    int64_t* indices, KernelScope& scope, bool eight_lanes_on_avx2 = false) {
+    int64_t* indices, KernelScope& scope, RowSort<scalar_t> sort_rows = nullptr) {
   const int64_t tiles = std::min(engine::num_tiles(), rows);
-  const auto sort_rows =
-      eight_lanes_on_avx2
-          ? &bitonic::sort_rows_8_lanes_avx2<Codec, scalar_t>
-          : simd::pick(simd::level(), &bitonic::sort_rows_avx512<Codec, scalar_t>,
-                       &bitonic::sort_rows_avx2<Codec, scalar_t>,
-                       &bitonic::sort_rows_base<Codec, scalar_t>);
+  if (sort_rows == nullptr) {
+    sort_rows = simd::pick(simd::level(), &bitonic::sort_rows_avx512<Codec, scalar_t>,
+                           &bitonic::sort_rows_avx2<Codec, scalar_t>,
+                           &bitonic::sort_rows_base<Codec, scalar_t>);
+  }
   const int64_t size = bitonic::rows_buffer_size(n);
   scope.superstep(tiles, [&](int64_t tile) {
     std::unique_ptr<int64_t[]> buf(new int64_t[size]);
@@ -227,7 +230,8 @@ at::Tensor argsort_cpu(const at::Tensor& self, int64_t dim, bool descending) {
 
 // For the tests: sort's values and indices along the last dimension, every row by the 8-lane
 // network that AVX-512 CPUs run, here compiled for AVX2, so that its logic is checked on CPUs
-// without AVX-512 too.
+// without AVX-512 too. float32 and int32 take the vector paths, float16 the scalar one that the
+// other narrow dtypes share.
 std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, bool descending) {
   check_sortable(self, "_sort_rows_8_lanes");
   TORCH_CHECK(simd::supported() >= simd::Level::kAvx2,
@@ -239,22 +243,32 @@ std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, boo
               kBitonicRowMax, " items, got ", n);
   at::Tensor values = at::empty_like(input);
   at::Tensor indices = at::empty(input.sizes(), input.options().dtype(at::kLong));
+  const auto sort = [&](auto scalar_tag) {
+    using scalar_t = decltype(scalar_tag);
+    using Codec = Codec32<scalar_t>;
+    KernelScope scope("sort");
+    sort_rows_bitonic<Codec>(input.const_data_ptr<scalar_t>(), input.numel() / n, n,
+                             descending ? 0xffffffffu : 0u, values.mutable_data_ptr<scalar_t>(),
+                             indices.mutable_data_ptr<int64_t>(), scope,
+                             &bitonic::sort_rows_8_lanes_avx2<Codec, scalar_t>);
+  };
   if (input.numel() == 0) {
     return {values, indices};
   }
-  KernelScope scope("sort");
-  dispatch_sort_type(input.scalar_type(), "sort", [&](auto scalar_tag, auto codec_tag) {
-    using scalar_t = decltype(scalar_tag);
-    using Codec = decltype(codec_tag);
-    if constexpr (std::is_same<typename Codec::Item, uint64_t>::value) {
-      sort_rows_bitonic<Codec>(input.const_data_ptr<scalar_t>(), input.numel() / n, n,
-                               descending ? 0xffffffffu : 0u, values.mutable_data_ptr<scalar_t>(),
-                               indices.mutable_data_ptr<int64_t>(), scope, true);
-    } else {
-      TORCH_CHECK(false, "poptorch_sim::_sort_rows_8_lanes: ", input.scalar_type(),
-                  " does not go through the bitonic network (64-bit values)");
-    }
-  });
+  switch (input.scalar_type()) {
+    case at::kFloat:
+      sort(float{});
+      break;
+    case at::kInt:
+      sort(int32_t{});
+      break;
+    case at::kHalf:
+      sort(c10::Half{});
+      break;
+    default:
+      TORCH_CHECK(false, "poptorch_sim::_sort_rows_8_lanes: float32, int32 or float16, got ",
+                  input.scalar_type());
+  }
   return {values, indices};
 }
 
