@@ -279,47 +279,31 @@ POPSIM_INLINE void exchange_reversed(V<W>& a, V<W>& b) {
   b = __builtin_shuffle(y, reverse);
 }
 
-// The mirror step of merge stage k and its first half-cleaner (distance k / 4) in one pass, on
-// the vectors of block x at o and o + k / 4 (o < k / 4) and their mirrors.
-template <int W>
-POPSIM_INLINE void mirror_two_steps(int64_t* x, int64_t k, int64_t o) {
-  int64_t* at[4] = {x + o, x + o + k / 4, x + k * 3 / 4 - W - o, x + k - W - o};
-  V<W> v[4];
+// The mirror step of merge stage k and its first log2(N) half-cleaners (distances k / 4, ...,
+// k / 2N) in one pass, on the N vectors of block x at o + m * k / 2N (m < N, o < k / 2N) and
+// their mirrors (N = 2: two steps, N = 4: three).
+template <int W, int N>
+POPSIM_INLINE void mirror_steps(int64_t* x, int64_t k, int64_t o) {
+  const int64_t e = k / (2 * N);
+  int64_t* at[2 * N];  // ascending positions: the first half's N, then their mirrors
 #pragma GCC unroll 4
-  for (int m = 0; m < 4; ++m) {
-    load<W>(v[m], at[m]);
+  for (int m = 0; m < N; ++m) {
+    at[m] = x + o + m * e;
+    at[2 * N - 1 - m] = x + k - W - o - m * e;
   }
-  exchange_reversed<W>(v[0], v[3]);
-  exchange_reversed<W>(v[1], v[2]);
-  half_cleaners<W, 2>(v);
-  half_cleaners<W, 2>(v + 2);
-#pragma GCC unroll 4
-  for (int m = 0; m < 4; ++m) {
-    store<W>(at[m], v[m]);
-  }
-}
-
-// The mirror step of merge stage k and its first two half-cleaners (distances k / 4, k / 8) in
-// one pass, on the vectors of block x at o + m * k / 8 (m < 4, o < k / 8) and their mirrors.
-template <int W>
-POPSIM_INLINE void mirror_three_steps(int64_t* x, int64_t k, int64_t o) {
-  const int64_t e = k / 8;
-  // ascending positions: the first half's four, then their mirrors
-  int64_t* at[8] = {x + o,         x + o + e,         x + o + 2 * e,     x + o + 3 * e,
-                    x + k - W - o - 3 * e, x + k - W - o - 2 * e, x + k - W - o - e, x + k - W - o};
-  V<W> v[8];
+  V<W> v[2 * N];
 #pragma GCC unroll 8
-  for (int m = 0; m < 8; ++m) {
+  for (int m = 0; m < 2 * N; ++m) {
     load<W>(v[m], at[m]);
   }
 #pragma GCC unroll 4
-  for (int m = 0; m < 4; ++m) {
-    exchange_reversed<W>(v[m], v[7 - m]);
+  for (int m = 0; m < N; ++m) {
+    exchange_reversed<W>(v[m], v[2 * N - 1 - m]);
   }
-  half_cleaners<W, 4>(v);
-  half_cleaners<W, 4>(v + 4);
+  half_cleaners<W, N>(v);
+  half_cleaners<W, N>(v + N);
 #pragma GCC unroll 8
-  for (int m = 0; m < 8; ++m) {
+  for (int m = 0; m < 2 * N; ++m) {
     store<W>(at[m], v[m]);
   }
 }
@@ -588,14 +572,14 @@ POPSIM_INLINE void sort_network(int64_t* x, int64_t size) {
     if (j >= 2 * kBlock) {  // the mirror step and distances k / 4, k / 8 in one pass
       for (int64_t block = 0; block < size; block += k) {
         for (int64_t o = 0; o < k / 8; o += W) {
-          mirror_three_steps<W>(x + block, k, o);
+          mirror_steps<W, 4>(x + block, k, o);
         }
       }
       j /= 4;
     } else if (j >= kBlock) {  // the mirror step and distance k / 4
       for (int64_t block = 0; block < size; block += k) {
         for (int64_t o = 0; o < k / 4; o += W) {
-          mirror_two_steps<W>(x + block, k, o);
+          mirror_steps<W, 2>(x + block, k, o);
         }
       }
       j /= 2;
