@@ -243,6 +243,9 @@ std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, boo
               kBitonicRowMax, " items, got ", n);
   at::Tensor values = at::empty_like(input);
   at::Tensor indices = at::empty(input.sizes(), input.options().dtype(at::kLong));
+  if (input.numel() == 0) {
+    return {values, indices};
+  }
   const auto sort = [&](auto scalar_tag) {
     using scalar_t = decltype(scalar_tag);
     using Codec = Codec32<scalar_t>;
@@ -252,9 +255,6 @@ std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, boo
                              indices.mutable_data_ptr<int64_t>(), scope,
                              &bitonic::sort_rows_8_lanes_avx2<Codec, scalar_t>);
   };
-  if (input.numel() == 0) {
-    return {values, indices};
-  }
   switch (input.scalar_type()) {
     case at::kFloat:
       sort(float{});
