@@ -27,8 +27,10 @@ Run: ``.venv/bin/python benchmarks/overlap_io.py [--quick]``
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,7 +40,6 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 import poptorch_sim as poptorch
-from poptorch_sim.profiling.trace import TraceRecorder
 from poptorch_sim.serving import Runner, RuntimeConfig
 
 MODES = {
@@ -83,8 +84,11 @@ class Waiting(nn.Module):
         return y if self.mode is None else poptorch.set_overlap_for_output(y, self.mode)
 
 
-def build(kind: str, args: argparse.Namespace, wait_s: float | None) -> poptorch.PoplarExecutor:
-    """A compiled inference model served the ``kind`` way (computing, or waiting ``wait_s``)."""
+def build(
+    kind: str, args: argparse.Namespace, wait_s: float | None, profile_dir: str | None = None
+) -> poptorch.PoplarExecutor:
+    """A compiled inference model served the ``kind`` way (computing, or waiting ``wait_s``),
+    writing its execution trace to ``profile_dir`` when given."""
     mode = MODES[kind]
     if wait_s is None:
         module: nn.Module = Normalise(mode)
@@ -94,6 +98,8 @@ def build(kind: str, args: argparse.Namespace, wait_s: float | None) -> poptorch
     if mode is not None:
         opts.setExecutionStrategy(poptorch.ShardedExecution())
         opts.TensorLocations.numIOTiles(64)
+    if profile_dir is not None:
+        opts.enableProfiling(profile_dir)
     model = poptorch.inferenceModel(module, opts)
     model.compile(images(args))
     return model
@@ -123,18 +129,29 @@ def serve(model: poptorch.PoplarExecutor, threads: int, requests: int, x: torch.
     return per_thread * threads / elapsed
 
 
-def phases(model: poptorch.PoplarExecutor, x: torch.Tensor, requests: int) -> dict[str, float]:
-    """Median ms of each phase over ``requests`` one-at-a-time requests (no overlap)."""
-    io = model._executable.io
-    io.trace = TraceRecorder()
-    for _ in range(requests):
-        model(x)
-    events = io.trace.events
-    io.trace = None
-    return {
-        track: statistics.median(e.dur_us for e in events if e.track == track) / 1e3
-        for track in ("load", "compute", "store")
-    }
+def phases(
+    args: argparse.Namespace, wait_s: float | None, x: torch.Tensor, requests: int
+) -> dict[str, float]:
+    """Median ms of each phase over ``requests`` one-at-a-time requests (no overlap), read from
+    the Chrome trace that a just-in-time model with profiling enabled writes when destroyed."""
+    with tempfile.TemporaryDirectory() as folder:
+        model = build("just-in-time", args, wait_s, folder)
+        for _ in range(requests):
+            model(x)
+        model.destroy()
+        traces = [json.loads(path.read_text()) for path in Path(folder).glob("*.json")]
+    events = [e for trace in traces for e in trace["traceEvents"]]
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    spans: dict[str, list[float]] = {"load": [], "compute": [], "store": []}
+    for e in events:
+        if e.get("ph") == "X":
+            phase = tracks[e["tid"]].rsplit(" ", 1)[-1]
+            if phase in spans:
+                spans[phase].append(e["dur"] / 1e3)
+    missing = [phase for phase, times in spans.items() if not times]
+    if missing:
+        raise RuntimeError(f"the profiled model's trace has no {', '.join(missing)} spans")
+    return {phase: statistics.median(times) for phase, times in spans.items()}
 
 
 def ceiling(x: torch.Tensor) -> float:
@@ -186,7 +203,7 @@ def table(args: argparse.Namespace, wait_s: float | None) -> None:
     """Phase medians, then throughput per client-thread count for the three ways."""
     x = images(args)
     models = {kind: build(kind, args, wait_s) for kind in ("overlapped", "just-in-time", "plain")}
-    times = phases(models["just-in-time"], x, max(6, args.requests // 4))
+    times = phases(args, wait_s, x, max(6, args.requests // 4))
     serial, bound = sum(times.values()), max(times.values())
     print(
         "phases (ms, median, no overlap): "

@@ -20,7 +20,7 @@ workers share the main thread's two threads, one each at most.
 Medians of interleaved repeats, after one warm-up call (which compiles). On a machine whose
 cores are shared, wall-clock figures move with the load: compare ratios within one run.
 
-Run: ``.venv/bin/python benchmarks/sharding.py [--image-size 64] [--repeats 3] [--skip-bert]``
+Run: ``.venv/bin/python benchmarks/sharding.py [--image-size 64] [--repeats 3] [--skip-bert] [--quick]``
 """
 
 from __future__ import annotations
@@ -155,7 +155,11 @@ def main() -> None:
     parser.add_argument("--gradient-accumulation", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-bert", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="32x32 images, one repeat, no BERT")
     args = parser.parse_args()
+    if args.quick:
+        args.image_size, args.repeats = 32, 1
+        args.skip_bert = True
     print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads")
     compile_cost(args.repeats, args.skip_bert)
     step_time(args.image_size, args.micro_batch, args.gradient_accumulation, args.repeats)

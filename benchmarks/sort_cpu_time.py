@@ -1,6 +1,6 @@
 """Times the sort in CPU seconds per call against torch.sort and numpy, for busy machines.
 
-Run ``.venv/bin/python benchmarks/sort_cpu_time.py``. Every case sorts 2^20 float32 (one row,
+Run ``.venv/bin/python benchmarks/sort_cpu_time.py [--quick]``. Every case sorts 2^20 float32 (one row,
 then rows of 16 to 4096) and prints medians of 9 calls in process CPU time (all threads, from
 ``getrusage``), which host contention distorts far less than wall time; ``--ours-only`` times
 only poptorch_sim (to compare builds in alternated processes).
@@ -45,9 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     """Prints one line per case: ours in ms, and each reference as a ratio to ours."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ours-only", action="store_true", help="time poptorch_sim only")
+    parser.add_argument("--quick", action="store_true", help="2^16 items instead of 2^20")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    for rows, n in [(1, 1 << 20)] + [((1 << 20) // n, n) for n in (16, 64, 256, 1024, 4096)]:
+    total = 1 << (16 if args.quick else 20)
+    for rows, n in [(1, total)] + [(total // n, n) for n in (16, 64, 256, 1024, 4096)]:
         x = torch.randn(rows, n) if rows > 1 else torch.randn(n)
         xn = x.numpy()
         ours = median_cpu(lambda x=x: kernels.sort(x, dim=-1))

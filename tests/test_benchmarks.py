@@ -1,0 +1,49 @@
+"""Every benchmark's quick mode runs to the end and prints at least one ratio.
+
+The figures themselves are not checked (speed is never asserted in tests); this keeps the
+scripts from rotting when the code under them changes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = sorted(
+    path.name
+    for path in (REPO / "benchmarks").glob("*.py")
+    if "--quick" in path.read_text() and path.name != "timing.py"
+)
+RATIO = re.compile(r"\d+(\.\d+)?\s*[x×]|ratio[^:\n]*:\s*\d")
+
+
+def test_every_benchmark_script_has_a_quick_mode() -> None:
+    scripts = {p.name for p in (REPO / "benchmarks").glob("*.py")} - {"timing.py"}
+    assert scripts - set(BENCHMARKS) == set()
+
+
+@pytest.mark.parametrize("script", BENCHMARKS)
+def test_quick_mode_runs_and_prints_ratios(script: str, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "POPTORCH_SIM_OFFLINE": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), "--quick"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, (
+        f"{script} --quick exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    )
+    assert RATIO.search(proc.stdout), f"{script} --quick printed no ratio:\n{proc.stdout[-2000:]}"
