@@ -1,0 +1,200 @@
+"""Bytes each stage saves for backward per micro-batch, estimated at compile on meta tensors.
+
+Each stage's forward runs once, in pipeline order, on tensors of the ``meta`` device: shapes,
+dtypes, strides and aliasing are those of the real run, nothing is computed or allocated, so
+a BERT-base-sized model costs a few milliseconds. Parameters and buffers are swapped for meta
+copies with ``torch.func.functional_call``, so the model is never modified. A stage that cannot
+run on meta tensors (an op without a meta kernel, ``.item()``) runs once on the first real
+micro-batch instead, with its buffers and the RNG restored afterwards. The counting rule is
+[Note: counting saved bytes] in ``saved.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+from torch.utils import _pytree as pytree
+
+from ..ipu_context import running_on_ipu
+from ..logger import logger
+from ..program import StageSpec
+from .saved import SavedBytes, storage_key
+
+__all__ = ["StageActivations", "stage_activations", "model_activations"]
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    """What one micro-batch of a stage keeps between its forward and its backward.
+
+    Attributes:
+        stage: the stage index.
+        ipu: its IPU.
+        saved: bytes autograd saves for backward (without recomputation).
+        inputs: bytes of the stage's tensor inputs (what pipeline recomputation keeps instead).
+        method: ``"meta"`` or ``"real"`` (ran on the first micro-batch), or ``"failed: ..."``.
+    """
+
+    stage: int
+    ipu: int
+    saved: int
+    inputs: int
+    method: str
+
+
+def _differentiable(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("meta")
+    return value
+
+
+def _meta_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        state[name] = p.detach().to("meta").requires_grad_(p.requires_grad)
+    for name, b in module.named_buffers(remove_duplicate=False):
+        state[name] = b.detach().to("meta")
+    return state
+
+
+def _count(
+    call: Callable[[], Any], weights: Sequence[torch.Tensor], training: bool
+) -> tuple[Any, int]:
+    counter = SavedBytes(storage_key(w) for w in weights)
+    with running_on_ipu(), torch.set_grad_enabled(training), counter.saving():
+        result = call()
+    return result, counter.total()
+
+
+def _input_bytes(values: Sequence[Any]) -> int:
+    counter = SavedBytes()
+    for v in values:
+        counter.add(v)
+    return counter.total()
+
+
+def _stage_args(
+    spec: StageSpec, values: dict[str, Any], from_stages: set[str], training: bool
+) -> list[Any]:
+    args = []
+    for name in spec.inputs:
+        value = values[name]
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+            if training and name in from_stages and _differentiable(value):
+                value = value.requires_grad_()
+        args.append(value)
+    return args
+
+
+def _run_stages(
+    stages: Sequence[StageSpec],
+    inputs: dict[str, Any],
+    training: bool,
+    meta: bool,
+) -> list[tuple[int, int]]:
+    values = {k: _to_meta(v) if meta else v for k, v in inputs.items()}
+    out = []
+    for spec in stages:
+        from_stages = {n for n in spec.inputs if n not in inputs}
+        args = _stage_args(spec, values, from_stages, training)
+        state = _meta_state(spec.module) if meta else {}
+        weights = list(state.values()) if meta else [*spec.module.parameters(),
+                                                      *spec.module.buffers()]  # fmt: skip
+
+        def call(spec: StageSpec = spec, args: list[Any] = args, state: dict = state) -> Any:
+            if meta:
+                return functional_call(spec.module, state, tuple(args), strict=False)
+            return spec.module(*args)
+
+        result, saved = _count(call, weights, training)
+        values.update(zip(spec.outputs, result))
+        out.append((saved, _input_bytes(args)))
+    return out
+
+
+def _restoring(model_modules: Sequence[nn.Module], run: Callable[[], Any]) -> Any:
+    """Run ``run`` and put the modules' buffers and the CPU RNG back as they were."""
+    buffers = [b for m in model_modules for b in m.buffers()]
+    saved = [b.detach().clone() for b in buffers]
+    rng = torch.get_rng_state()
+    try:
+        return run()
+    finally:
+        torch.set_rng_state(rng)
+        with torch.no_grad():
+            for b, s in zip(buffers, saved):
+                b.copy_(s)
+
+
+def stage_activations(
+    stages: Sequence[StageSpec], inputs: dict[str, Any], training: bool
+) -> list[StageActivations]:
+    """Per stage, the bytes one micro-batch saves for backward and the bytes of its inputs.
+
+    Args:
+        stages: the program's stages, in pipeline order.
+        inputs: the first micro-batch's program inputs, by name.
+        training: whether forward runs with autograd recording (else nothing is saved).
+
+    Returns:
+        One ``StageActivations`` per stage, in order.
+    """
+    method = "meta"
+    try:
+        counts = _run_stages(stages, inputs, training, meta=True)
+    except Exception as exc:  # no meta kernel, data-dependent Python: fall back to real
+        logger.debug("memory estimate: meta run failed (%s); running the first micro-batch", exc)
+        method = "real"
+        try:
+            counts = _restoring(
+                [s.module for s in stages], lambda: _run_stages(stages, inputs, training, False)
+            )
+        except Exception as exc2:
+            method = f"failed: {type(exc2).__name__}: {exc2}"
+            counts = [(0, 0)] * len(stages)
+    return [
+        StageActivations(spec.index, spec.ipu, saved, ins, method)
+        for spec, (saved, ins) in zip(stages, counts)
+    ]
+
+
+def model_activations(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], training: bool
+) -> StageActivations:
+    """The same count for a model run as one program on one IPU (``ipu`` 0, ``stage`` 0)."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+
+    def run(meta: bool) -> int:
+        vals = [_to_meta(v) if meta else v for v in leaves]
+        a, kw = pytree.tree_unflatten(vals, spec)
+        state = _meta_state(model) if meta else {}
+        weights = list(state.values()) if meta else [*model.parameters(), *model.buffers()]
+
+        def call() -> Any:
+            if meta:
+                return functional_call(model, state, tuple(a), kw, strict=False)
+            return model(*a, **kw)
+
+        return _count(call, weights, training)[1]
+
+    method = "meta"
+    try:
+        saved = run(True)
+    except Exception:
+        method = "real"
+        try:
+            saved = _restoring([model], lambda: run(False))
+        except Exception as exc:
+            method, saved = f"failed: {type(exc).__name__}: {exc}", 0
+    return StageActivations(0, 0, saved, _input_bytes(tensors), method)
