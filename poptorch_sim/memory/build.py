@@ -25,9 +25,34 @@ from .limits import check_limits
 from .report import MemoryReport
 from .settings import MemorySettings, memory_settings
 
-__all__ = ["at_compile", "report_at_compile", "write_profile"]
+__all__ = [
+    "CompiledOnly",
+    "at_compile",
+    "report_at_compile",
+    "stop_after_compile",
+    "write_profile",
+]
 
 _serial = itertools.count()
+_stop = False  # See stop_after_compile
+
+
+class CompiledOnly(BaseException):
+    """Raised at the first compile under ``stop_after_compile``: carries the report.
+
+    A ``BaseException``, so that a program's ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, report: MemoryReport) -> None:
+        super().__init__("stopped after the first compile")
+        self.report = report
+
+
+def stop_after_compile(stop: bool = True) -> None:
+    """Make the next compile raise ``CompiledOnly`` with its report instead of running
+    (``python -m poptorch_sim.memory``); out-of-memory is then reported, not raised."""
+    global _stop
+    _stop = stop
 
 
 def at_compile(
@@ -43,6 +68,8 @@ def at_compile(
     logger.debug("poptorch_sim memory estimate (%.1f ms):\n%s", 1e3 * report.seconds, report)
     if options.profile_dir:
         write_profile(report, options.profile_dir, training)
+    if _stop:
+        raise CompiledOnly(report)
     check_limits(report, options)
     return report
 

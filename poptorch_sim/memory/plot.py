@@ -28,7 +28,7 @@ def plot_report(report: MemoryReport, path: str) -> None:
     from matplotlib.figure import Figure
 
     mib = 1024.0 * 1024.0
-    fig = Figure(figsize=(1.6 + 0.9 * len(report.ipus), 4.2))
+    fig = Figure(figsize=(3.5 + 0.8 * len(report.ipus), 4.2))
     ax = fig.subplots()
     xs = list(range(len(report.ipus)))
     bottom = [0.0] * len(xs)
@@ -41,7 +41,10 @@ def plot_report(report: MemoryReport, path: str) -> None:
         ax.hlines(m.limit / mib, x - 0.45, x + 0.45, colors="black", linestyles="dashed")
     ax.set_xticks(xs, [f"IPU {m.ipu}" for m in report.ipus])
     ax.set_ylabel("MiB")
-    ax.set_title(f"Memory per IPU (dashed: limit; {report.schedule}, {report.micro_batches} mb)")
+    ax.set_title(
+        f"Memory per IPU (dashed: limit)\n{report.schedule}, {report.micro_batches} micro-batches",
+        fontsize="medium",
+    )
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
