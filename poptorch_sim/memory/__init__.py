@@ -25,6 +25,7 @@ import torch
 from ..errors import Error
 from .build import write_profile
 from .estimate import ALLOWANCE_FRACTION
+from .planner import Plan, plan
 from .probe import SavedProbe
 from .report import CATEGORIES, IpuMemory, MemoryReport, format_bytes
 from .saved import storage_key
@@ -35,9 +36,11 @@ __all__ = [
     "IpuMemory",
     "MeasuredIpu",
     "MemoryReport",
+    "Plan",
     "format_bytes",
     "measure",
     "memory_report",
+    "plan",
     "write_profile",
 ]
 
