@@ -47,6 +47,7 @@ class _Unit:
     saved: int
     inputs: int
     cost: float
+    tensors: int = 0  # trainable tensors (each has a 4-byte step counter in Adam-like state)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,15 @@ class Plan:
     stage_costs: list[float]
     cost_unit: str
     report: MemoryReport
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        """Put the suggested ``BeginBlock``s on ``model`` (in place, block ``IPU<k>`` on IPU
+        ``k``; what runs before the first one joins IPU 0); returns ``model``."""
+        from ..ops.blocks import BeginBlock
+
+        for k, name in enumerate(self.blocks):
+            BeginBlock(model.get_submodule(name), f"IPU{k}", ipu_id=k)
+        return model
 
     @property
     def fits(self) -> bool:
@@ -113,6 +123,17 @@ def _profile(
             entry["ctx"].__exit__(None, None, None)
 
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    inner = {id(m) for c in modules for m in c.modules()}
+    sides: dict[str, list[nn.Module]] = {"before": [], "after": []}
+    for m in model.modules():
+        direct = [*m.parameters(recurse=False), *m.buffers(recurse=False)]
+        if id(m) in inner or not direct:
+            continue
+
+        def side(m_: nn.Module, _a: Any) -> None:
+            sides["before" if state["before"] is None else "after"].append(m_)
+
+        handles.append(m.register_forward_pre_hook(side))
     flops = FlopCounterMode(display=False) if meta else None
     try:
         with outer.saving(), torch.enable_grad():
@@ -126,27 +147,70 @@ def _profile(
             h.remove()
     root = type(model).__name__
     counts = flops.get_flop_counts() if flops is not None else {}
+    times = {} if meta else _forward_times(model, args, kwargs, names, modules)
     counts = {k.removeprefix(f"{root}."): v for k, v in counts.items()}
     units = []
     for name, module in zip(names, modules):
         entry = found[name]
-        cost = sum(counts.get(name, {}).values()) if meta else entry["time"]
+        cost = sum(counts.get(name, {}).values()) if meta else times[name]
         params = [p for p in module.parameters() if p.requires_grad]
         units.append(_Unit(name, sum(tensor_bytes(t) for t in [*module.parameters(),
                                                              *module.buffers()]),
                            sum(p.numel() for p in params), entry["counter"].total(),
-                           entry["inputs"], float(cost)))  # fmt: skip
-    rest = [t for t in [*model.parameters(), *model.buffers()] if id(t) not in weights]
+                           entry["inputs"], float(cost), len(params)))  # fmt: skip
     before = state["before"] or 0
-    rest_bytes = sum(tensor_bytes(t) for t in rest)
-    rest_trainable = sum(
-        t.numel() for t in rest if isinstance(t, nn.Parameter) and t.requires_grad
-    )
-    # Weights outside the candidates are counted on the first stage (embeddings; a head tied
-    # to them shares them); the saved bytes outside split before / after by when they ran.
-    head = _Unit("(before)", rest_bytes, rest_trainable, before, 0, 0.0)
-    tail = _Unit("(after)", 0, 0, max(outer.total() - before, 0), 0, 0.0)
+    head = _rest("(before)", sides["before"], weights, before)
+    tail = _rest("(after)", sides["after"], weights, max(outer.total() - before, 0))
     return units, head, tail
+
+
+def _rest(name: str, modules: list[nn.Module], inside: set[int], saved: int) -> _Unit:
+    """The modules outside the candidates that ran before (or after) them, as one unit.
+
+    A weight used on both sides (a head tied to the embedding) counts on both, as the IPUs of
+    both hold it.
+    """
+    seen: dict[int, torch.Tensor] = {}
+    for m in modules:
+        for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
+            if id(t) not in inside:
+                seen[id(t)] = t
+    trainable = [t for t in seen.values() if isinstance(t, nn.Parameter) and t.requires_grad]
+    return _Unit(name, sum(tensor_bytes(t) for t in seen.values()),
+                 sum(t.numel() for t in trainable), saved, 0, 0.0, len(trainable))  # fmt: skip
+
+
+def _forward_times(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    names: Sequence[str],
+    modules: Sequence[nn.Module],
+    repeats: int = 3,
+) -> dict[str, float]:
+    """Per candidate, the fastest of ``repeats`` forward times (seconds; no autograd)."""
+    best = dict.fromkeys(names, float("inf"))
+    started: dict[str, float] = {}
+    handles = []
+    for name, module in zip(names, modules):
+
+        def pre(_m: nn.Module, _a: Any, name: str = name) -> None:
+            started[name] = time.perf_counter()
+
+        def post(_m: nn.Module, _a: Any, _o: Any, name: str = name) -> None:
+            best[name] = min(best[name], time.perf_counter() - started[name])
+
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    rng = torch.get_rng_state()
+    try:
+        with torch.no_grad():
+            for _ in range(repeats):
+                model(*args, **kwargs)
+    finally:
+        torch.set_rng_state(rng)
+        for h in handles:
+            h.remove()
+    return best
 
 
 def _stage(units: Sequence[_Unit], name: str) -> _Unit:
@@ -157,6 +221,7 @@ def _stage(units: Sequence[_Unit], name: str) -> _Unit:
         sum(u.saved for u in units),
         units[0].inputs,
         sum(u.cost for u in units),
+        sum(u.tensors for u in units),
     )
 
 
@@ -181,7 +246,8 @@ def _memory(
     out = []
     for k, s in enumerate(stages):
         accumulate = settings.gradient_accumulation > 1 or settings.replicas > 1
-        state = s.trainable * _STATE_BYTES.get(kind, 8)
+        steps = 4 * s.tensors if kind in ("adam", "adamw", "lamb", "rmsprop") else 0
+        state = s.trainable * _STATE_BYTES.get(kind, 8) + steps
         if settings.rts:
             state = -(-state // settings.replicas)
         out.append(IpuMemory(
