@@ -364,3 +364,70 @@ def test_single_ipu_model_gets_a_report() -> None:
     assert [m.ipu for m in report.ipus] == [0]
     assert report.ipus[0].weights == sum(p.numel() * 4 for p in net.parameters())
     assert report.ipus[0].activations == 0 and report.ipus[0].gradients == 0
+
+
+# -- the planner --------------------------------------------------------------------------------
+def _tiny_bert(layers: int = 6) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    pytest.importorskip("transformers")
+    import transformers
+    from test_real_models import bert_config, text_batch
+
+    model = transformers.BertForSequenceClassification(bert_config(num_hidden_layers=layers))
+    return model, {**text_batch(16), "labels": torch.randint(0, 3, (16,))}
+
+
+def test_plan_predicts_the_memory_of_the_placement_it_suggests() -> None:
+    model, batch = _tiny_bert()
+    opts = _options(8)
+    suggestion = poptorch.memory.plan(
+        model, {k: v[:2] for k, v in batch.items()}, opts, 3, optimizer="adamw"
+    )
+    assert suggestion.fits and len(suggestion.blocks) == 3
+    assert suggestion.blocks[0] == "bert.encoder.layer.0"
+    assert "IPU 2: bert.encoder.layer." in str(suggestion)
+    training = poptorch.trainingModel(
+        suggestion.apply(model), opts, poptorch.optim.AdamW(model.parameters())
+    )
+    training.compile(**batch)
+    compiled = memory_report(training)
+    for predicted, got in zip(suggestion.report.ipus, compiled.ipus):
+        assert predicted.weights == got.weights
+        assert predicted.optimizer_state == got.optimizer_state
+        assert predicted.activations == got.activations
+    training.destroy()
+
+
+def test_plan_moves_blocks_to_fit_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, batch = _tiny_bert()
+    mb = {k: v[:2] for k, v in batch.items()}
+    free = poptorch.memory.plan(model, mb, _options(8), 2, optimizer="adam")
+    totals = [m.total - m.allowance for m in free.report.ipus]
+    # A limit just under the heavier IPU's need (the allowance is 10% of the limit).
+    limit = int(max(totals) * 0.99 / 0.9)
+    monkeypatch.setenv("POPTORCH_SIM_IPU_MEMORY", str(limit))
+    tight = poptorch.memory.plan(model, mb, _options(8), 2, optimizer="adam")
+    if tight.fits:
+        assert tight.blocks != free.blocks
+    assert all(m.limit == limit for m in tight.report.ipus)
+    monkeypatch.setenv("POPTORCH_SIM_IPU_MEMORY", "1KB")
+    assert not poptorch.memory.plan(model, mb, _options(8), 2).fits
+
+
+def test_plan_works_on_a_meta_model_by_flops() -> None:
+    pytest.importorskip("transformers")
+    import transformers
+    from test_real_models import bert_config
+
+    with torch.device("meta"):
+        model = transformers.BertForSequenceClassification(bert_config(num_hidden_layers=4))
+    ids = torch.zeros(2, 8, dtype=torch.long, device="meta")
+    suggestion = poptorch.memory.plan(model, {"input_ids": ids}, _options(8), 2)
+    assert suggestion.cost_unit == "FLOPs"
+    assert suggestion.blocks == ["bert.encoder.layer.0", "bert.encoder.layer.2"]
+    weights = sum(m.weights for m in suggestion.report.ipus)
+    assert weights == sum(4 * t.numel() for t in model.parameters()) + 8 * 16 + 8 * 16
+
+
+def test_plan_needs_enough_candidates() -> None:
+    with pytest.raises(ValueError, match="at least as many candidate modules as IPUs"):
+        poptorch.memory.plan(Mlp(2), mlp_batch(2), _options(8), 4)
