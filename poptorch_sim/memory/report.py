@@ -109,7 +109,7 @@ class MemoryReport:
                 *(format_bytes(getattr(m, c)) for c in CATEGORIES),
                 format_bytes(m.total),
                 format_bytes(m.limit),
-                f"{100 * m.total / m.limit:.1f}%" + ("  OUT OF MEMORY" if not m.fits else ""),
+                f"{100 * m.total / m.limit:.1f}%",
             ]
             for m in self.ipus
         ]
@@ -119,7 +119,11 @@ class MemoryReport:
             f"micro-batch(es) per step; {_settings(self.settings)})",
             "  ".join(h.ljust(w) for h, w in zip(head, widths)),
         ]
-        lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+        lines += [
+            "  ".join(c.rjust(w) for c, w in zip(r, widths))
+            + ("" if m.fits else "  OUT OF MEMORY")
+            for r, m in zip(rows, self.ipus)
+        ]
         off = sum(m.optimizer_state_off_chip for m in self.ipus)
         if off:
             lines.append(f"optimizer state off chip (streaming memory): {format_bytes(off)}")
