@@ -1,12 +1,13 @@
-"""Bytes each stage saves for backward per micro-batch, estimated at compile on meta tensors.
+"""Bytes each stage saves for backward per micro-batch, estimated at compile on fake tensors.
 
-Each stage's forward runs once, in pipeline order, on tensors of the ``meta`` device: shapes,
-dtypes, strides and aliasing are those of the real run, nothing is computed or allocated, so
-a BERT-base-sized model costs a few milliseconds. Parameters and buffers are swapped for meta
-copies with ``torch.func.functional_call``, so the model is never modified. A stage that cannot
-run on meta tensors (an op without a meta kernel, ``.item()``) runs once on the first real
-micro-batch instead, with its buffers and the RNG restored afterwards. The counting rule is
-[Note: counting saved bytes] in ``saved.py``.
+Each stage's forward runs once, in pipeline order, on fake tensors (``FakeTensorMode``): shapes,
+dtypes, strides, devices and aliasing are those of the real run, but nothing is computed or
+allocated, so a large model costs no more than a small one. (Fake rather than ``meta`` tensors,
+because captured graphs name their device: ``aten.to(x, 'cpu')`` must stay possible.)
+Parameters and buffers are swapped for fake stand-ins with ``torch.func.functional_call``, so
+the model is never modified. A stage that cannot run on fake tensors (data-dependent Python such
+as ``.item()``) runs once on the first real micro-batch instead, with its buffers and the RNG
+restored afterwards. The counting rule is [Note: counting saved bytes] in ``saved.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
@@ -37,7 +39,7 @@ class StageActivations:
         ipu: its IPU.
         saved: bytes autograd saves for backward (without recomputation).
         inputs: bytes of the stage's tensor inputs (what pipeline recomputation keeps instead).
-        method: ``"meta"`` or ``"real"`` (ran on the first micro-batch), or ``"failed: ..."``.
+        method: ``"fake"`` or ``"real"`` (ran on the first micro-batch), or ``"failed: ..."``.
     """
 
     stage: int
@@ -51,19 +53,30 @@ def _differentiable(t: torch.Tensor) -> bool:
     return t.is_floating_point() or t.is_complex()
 
 
-def _to_meta(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("meta")
-    return value
+class _Shadows:
+    """Fake stand-ins of real tensors: same shape, dtype, strides and device, no data.
 
+    One stand-in per real tensor, so tied weights stay tied and views stay views.
+    """
 
-def _meta_state(module: nn.Module) -> dict[str, torch.Tensor]:
-    state: dict[str, torch.Tensor] = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        state[name] = p.detach().to("meta").requires_grad_(p.requires_grad)
-    for name, b in module.named_buffers(remove_duplicate=False):
-        state[name] = b.detach().to("meta")
-    return state
+    def __init__(self) -> None:
+        self.mode = FakeTensorMode()
+        self._memo: dict[int, torch.Tensor] = {}
+
+    def value(self, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        if id(value) not in self._memo:
+            fake = self.mode.from_tensor(value.detach())
+            if value.requires_grad:
+                fake.requires_grad_()
+            self._memo[id(value)] = fake
+        return self._memo[id(value)]
+
+    def state(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        named = [*module.named_parameters(remove_duplicate=False),
+                 *module.named_buffers(remove_duplicate=False)]  # fmt: skip
+        return {name: self.value(t) for name, t in named}
 
 
 def _count(
@@ -100,20 +113,22 @@ def _run_stages(
     stages: Sequence[StageSpec],
     inputs: dict[str, Any],
     training: bool,
-    meta: bool,
+    fake: bool,
 ) -> list[tuple[int, int]]:
-    values = {k: _to_meta(v) if meta else v for k, v in inputs.items()}
+    shadows = _Shadows() if fake else None
+    values = {k: shadows.value(v) if shadows else v for k, v in inputs.items()}
     out = []
     for spec in stages:
         from_stages = {n for n in spec.inputs if n not in inputs}
         args = _stage_args(spec, values, from_stages, training)
-        state = _meta_state(spec.module) if meta else {}
-        weights = list(state.values()) if meta else [*spec.module.parameters(),
-                                                      *spec.module.buffers()]  # fmt: skip
+        state = shadows.state(spec.module) if shadows else {}
+        weights = list(state.values()) if shadows else [*spec.module.parameters(),
+                                                         *spec.module.buffers()]  # fmt: skip
 
         def call(spec: StageSpec = spec, args: list[Any] = args, state: dict = state) -> Any:
-            if meta:
-                return functional_call(spec.module, state, tuple(args), strict=False)
+            if shadows is not None:
+                with shadows.mode:
+                    return functional_call(spec.module, state, tuple(args), strict=False)
             return spec.module(*args)
 
         result, saved = _count(call, weights, training)
@@ -149,15 +164,16 @@ def stage_activations(
     Returns:
         One ``StageActivations`` per stage, in order.
     """
-    method = "meta"
+    method = "fake"
     try:
-        counts = _run_stages(stages, inputs, training, meta=True)
-    except Exception as exc:  # no meta kernel, data-dependent Python: fall back to real
-        logger.debug("memory estimate: meta run failed (%s); running the first micro-batch", exc)
+        counts = _run_stages(stages, inputs, training, fake=True)
+    except Exception as exc:  # no fake kernel, data-dependent Python: fall back to real
+        logger.debug("memory estimate: fake run failed (%s); running the first micro-batch", exc)
         method = "real"
         try:
             counts = _restoring(
-                [s.module for s in stages], lambda: _run_stages(stages, inputs, training, False)
+                [s.module for s in stages],
+                lambda: _run_stages(stages, inputs, training, fake=False),
             )
         except Exception as exc2:
             method = f"failed: {type(exc2).__name__}: {exc2}"
@@ -175,20 +191,22 @@ def model_activations(
     leaves, spec = pytree.tree_flatten((args, kwargs))
     tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
 
-    def run(meta: bool) -> int:
-        vals = [_to_meta(v) if meta else v for v in leaves]
+    def run(fake: bool) -> int:
+        shadows = _Shadows() if fake else None
+        vals = [shadows.value(v) if shadows else v for v in leaves]
         a, kw = pytree.tree_unflatten(vals, spec)
-        state = _meta_state(model) if meta else {}
-        weights = list(state.values()) if meta else [*model.parameters(), *model.buffers()]
+        state = shadows.state(model) if shadows else {}
+        weights = list(state.values()) if shadows else [*model.parameters(), *model.buffers()]
 
         def call() -> Any:
-            if meta:
-                return functional_call(model, state, tuple(a), kw, strict=False)
+            if shadows is not None:
+                with shadows.mode:
+                    return functional_call(model, state, tuple(a), kw, strict=False)
             return model(*a, **kw)
 
         return _count(call, weights, training)[1]
 
-    method = "meta"
+    method = "fake"
     try:
         saved = run(True)
     except Exception:
