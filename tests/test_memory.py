@@ -431,3 +431,43 @@ def test_plan_works_on_a_meta_model_by_flops() -> None:
 def test_plan_needs_enough_candidates() -> None:
     with pytest.raises(ValueError, match="at least as many candidate modules as IPUs"):
         poptorch.memory.plan(Mlp(2), mlp_batch(2), _options(8), 4)
+
+
+@pytest.mark.parametrize("fake", [True, False], ids=["fake", "real"])
+def test_fake_and_real_runs_count_the_same_bytes(fake: bool) -> None:
+    from poptorch_sim.memory import activations
+
+    net = Cnn()
+    model = poptorch.trainingModel(net, _options(4), poptorch.optim.SGD(net.parameters(), lr=0.1))
+    model.compile(*cnn_batch(16))
+    stages = model._executable.program.program.stages
+    inputs = dict(zip(model._executable.program.program.input_names, cnn_batch(4)))
+    counts = activations._run_stages(stages, inputs, True, fake=fake)
+    expected = [m.activations_per_micro_batch for m in memory_report(model).ipus]
+    assert [{i: saved} for i, (saved, _) in enumerate(counts)] == expected
+    model.destroy()
+
+
+class _WithLoss(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 5))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+        out = self.net(x)
+        return out, nn.functional.cross_entropy(out, y)
+
+
+def test_single_ipu_training_holds_one_micro_batch() -> None:
+    net = _WithLoss()
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(4)
+    model = poptorch.trainingModel(net, opts, poptorch.optim.SGD(net.parameters(), lr=0.1))
+    model(*mlp_batch(16))
+    ipu = memory_report(model).ipus[0]
+    # One micro-batch of 4 rows: the first Linear's input (4x16 floats), tanh's output (saved by
+    # tanh and the second Linear: once), log-softmax's output (4x5), the labels (4 int64) and
+    # the loss's total weight (one float).
+    assert ipu.activations == 4 * (4 * 16 + 4 * 32 + 4 * 5) + 8 * 4 + 4
+    assert ipu.gradients == ipu.weights  # float32 accumulators (gradient accumulation 4)
+    model.destroy()

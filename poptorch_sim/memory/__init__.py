@@ -10,6 +10,17 @@
     probe.py        measuring a real run (``measure``)
     planner.py      suggesting BeginBlock positions under the limit (``plan``)
 
+The limit is ``POPTORCH_SIM_IPU_MEMORY`` (default a Mk2 IPU: 1472 tiles × 624 KiB); a model
+over it warns at compile, or with ``POPTORCH_SIM_OUT_OF_MEMORY=error`` fails as on an IPU unless
+the engine option ``debug.allowOutOfMemory`` is set (``opts.enableProfiling()`` sets it). With a
+profile folder (``enableProfiling`` / ``autoReport.directory``) the report is written there as
+``memory_<training|inference>_<n>.txt|.json|.png``.
+
+Simulated: the estimate is of the IPU's memory; the simulator itself keeps what its host needs
+(one copy of the state for all replicas, no SGD velocity at momentum 0), runs models over the
+limit by default, and treats ``recomputationCheckpoint`` as an identity (see
+tests/test_footguns.py).
+
 >>> # model = poptorch.trainingModel(net, opts, optimizer); model.compile(x, y)
 >>> # print(poptorch_sim.memory_report(model))
 """

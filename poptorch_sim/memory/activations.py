@@ -5,9 +5,10 @@ dtypes, strides, devices and aliasing are those of the real run, but nothing is 
 allocated, so a large model costs no more than a small one. (Fake rather than ``meta`` tensors,
 because captured graphs name their device: ``aten.to(x, 'cpu')`` must stay possible.)
 Parameters and buffers are swapped for fake stand-ins with ``torch.func.functional_call``, so
-the model is never modified. A stage that cannot run on fake tensors (data-dependent Python such
-as ``.item()``) runs once on the first real micro-batch instead, with its buffers and the RNG
-restored afterwards. The counting rule is [Note: counting saved bytes] in ``saved.py``.
+the model is never modified. Small stages (``REAL_RUN_WORK``), and stages that cannot run on
+fake tensors (data-dependent Python such as ``.item()``), run once on the first real
+micro-batch instead, with their buffers and the RNG restored afterwards: both ways count the
+same bytes. The counting rule is [Note: counting saved bytes] in ``saved.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ from ..logger import logger
 from ..program import StageSpec
 from .saved import SavedBytes, storage_key
 
-__all__ = ["StageActivations", "stage_activations", "model_activations"]
+__all__ = ["REAL_RUN_WORK", "StageActivations", "stage_activations", "model_activations"]
+
+# Below this many (parameters × input elements) the stages run for real on the first
+# micro-batch rather than on fake tensors: a 3-layer MLP costs 0.25 ms for real and 8 ms fake
+# (fake tensors pay Python dispatch per op, real ones arithmetic per element).
+REAL_RUN_WORK = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -164,20 +170,26 @@ def stage_activations(
     Returns:
         One ``StageActivations`` per stage, in order.
     """
-    method = "fake"
-    try:
-        counts = _run_stages(stages, inputs, training, fake=True)
-    except Exception as exc:  # no fake kernel, data-dependent Python: fall back to real
-        logger.debug("memory estimate: fake run failed (%s); running the first micro-batch", exc)
-        method = "real"
+    modules = [s.module for s in stages]
+    work = sum(p.numel() for m in modules for p in m.parameters()) * sum(
+        v.numel() for v in inputs.values() if isinstance(v, torch.Tensor)
+    )
+    order = ("real", "fake") if work <= REAL_RUN_WORK else ("fake", "real")
+    counts: list[tuple[int, int]] = [(0, 0)] * len(stages)
+    method = "failed"
+    for attempt in order:
         try:
-            counts = _restoring(
-                [s.module for s in stages],
-                lambda: _run_stages(stages, inputs, training, fake=False),
-            )
-        except Exception as exc2:
-            method = f"failed: {type(exc2).__name__}: {exc2}"
-            counts = [(0, 0)] * len(stages)
+            if attempt == "fake":
+                counts = _run_stages(stages, inputs, training, fake=True)
+            else:
+                counts = _restoring(
+                    modules, lambda: _run_stages(stages, inputs, training, fake=False)
+                )
+            method = attempt
+            break
+        except Exception as exc:  # data-dependent Python on fake tensors, a real-run failure
+            logger.debug("memory estimate: the %s run failed (%s)", attempt, exc)
+            method = f"failed: {type(exc).__name__}: {exc}"
     return [
         StageActivations(spec.index, spec.ipu, saved, ins, method)
         for spec, (saved, ins) in zip(stages, counts)
@@ -206,13 +218,14 @@ def model_activations(
 
         return _count(call, weights, training)[1]
 
-    method = "fake"
-    try:
-        saved = run(True)
-    except Exception:
-        method = "real"
+    work = sum(p.numel() for p in model.parameters()) * sum(t.numel() for t in tensors)
+    order = (False, True) if work <= REAL_RUN_WORK else (True, False)
+    method, saved = "failed", 0
+    for fake in order:
         try:
-            saved = _restoring([model], lambda: run(False))
+            saved = run(True) if fake else _restoring([model], lambda: run(False))
+            method = "fake" if fake else "real"
+            break
         except Exception as exc:
-            method, saved = f"failed: {type(exc).__name__}: {exc}", 0
+            method = f"failed: {type(exc).__name__}: {exc}"
     return StageActivations(0, 0, saved, _input_bytes(tensors), method)

@@ -7,6 +7,7 @@ checked against the limit (``limits.py``) and written to the profile folder when
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -18,7 +19,7 @@ from torch import nn
 
 from .. import env
 from ..logger import logger
-from ..runtime.schedules import make_schedule
+from ..runtime.schedules import Schedule, make_schedule
 from .activations import StageActivations, model_activations, stage_activations
 from .estimate import ALLOWANCE_FRACTION, activation_peaks, ipu_memory
 from .limits import check_limits
@@ -129,9 +130,7 @@ def build_report(
     """Assemble the report from stages ``(index, ipu, module)`` and their activations."""
     m = settings.gradient_accumulation
     ipus = [ipu for _, ipu, _ in stages]
-    schedule = make_schedule(
-        schedule_name, len(stages), m, training=settings.training, stage_ipus=ipus
-    )
+    schedule = _schedule(schedule_name, len(stages), m, settings.training, tuple(ipus))
     peaks, in_flight = activation_peaks(schedule, acts, settings.recompute)
     optimizer = None
     if trainer is not None:
@@ -162,6 +161,13 @@ def build_report(
         notes.append("inference: nothing is saved for backward; transient activations are "
                      "part of the allowance")  # fmt: skip
     return MemoryReport(per_ipu, schedule.name, m, summary, notes)
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(name: str, stages: int, micro_batches: int, training: bool,
+              ipus: tuple[int, ...]) -> Schedule:  # fmt: skip
+    """The runtime's schedule (pure, so built and validated once per shape)."""
+    return make_schedule(name, stages, micro_batches, training=training, stage_ipus=ipus)
 
 
 def write_profile(report: MemoryReport, directory: str, training: bool) -> list[str]:

@@ -19,7 +19,9 @@ activations        the peak, over the IPU's own action list in the schedule actu
                    the bytes saved for backward by the micro-batches in flight: a forward adds
                    its stage's bytes per micro-batch, a backward releases them. With pipeline
                    recomputation a forward keeps only the stage's inputs, and a backward
-                   briefly holds one micro-batch's full activations again
+                   briefly holds one micro-batch's full activations again (values marked with
+                   ``recomputationCheckpoint`` are not seen: the mark is an identity in the
+                   captured graph, so they are recomputed like the rest)
 allowance          10% of the limit, reserved for what the model cannot know: the program's
                    code, exchange buffers and temporaries (Poplar's "always-live" and
                    "not-always-live" memory). It is not measured, only stated
