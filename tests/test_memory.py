@@ -324,8 +324,15 @@ def test_allow_out_of_memory_lets_it_compile(
     model = _compile_small(opts)
     report = memory_report(model)
     assert not report.ipus[1].fits
+    model(*mlp_batch(24))  # it runs, as PopTorch's profiling run of a model that does not fit
     model.destroy()
     if how == "enableProfiling":
+        trace = json.loads(next(tmp_path.glob("execution_trace_*.json")).read_text())
+        counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
+        assert [c["name"] for c in counters] == [
+            f"IPU {i} memory estimate (MiB)" for i in range(3)
+        ]
+        assert counters[1]["args"]["weights"] == report.ipus[1].weights / 2**20
         names = sorted(os.listdir(tmp_path))
         assert any(n.startswith("memory_training_") and n.endswith(".png") for n in names)
         saved = json.loads(next(tmp_path.glob("memory_training_*.json")).read_text())

@@ -23,7 +23,7 @@ from ..runtime.schedules import Schedule, make_schedule
 from .activations import StageActivations, model_activations, stage_activations
 from .estimate import ALLOWANCE_FRACTION, activation_peaks, ipu_memory
 from .limits import check_limits
-from .report import MemoryReport
+from .report import CATEGORIES, MemoryReport
 from .settings import MemorySettings, memory_settings
 
 __all__ = [
@@ -69,6 +69,11 @@ def at_compile(
     logger.debug("poptorch_sim memory estimate (%.1f ms):\n%s", 1e3 * report.seconds, report)
     if options.profile_dir:
         write_profile(report, options.profile_dir, training)
+        trace = getattr(program, "trace", None)
+        if trace is not None:  # counter tracks beside the IPUs' in the execution trace
+            for ipu in report.ipus:
+                values = {c: getattr(ipu, c) / 2**20 for c in CATEGORIES}
+                trace.counters.append((f"IPU {ipu.ipu} memory estimate (MiB)", values))
     if _stop:
         raise CompiledOnly(report)
     check_limits(report, options)
