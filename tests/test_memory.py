@@ -75,6 +75,8 @@ def _options(ga: int, replicas: int = 1, **kw: Any) -> poptorch.Options:
     opts.replicationFactor(replicas)
     if kw.get("auto_increment"):
         opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+    if kw.get("sharded"):
+        opts.setExecutionStrategy(poptorch.ShardedExecution())
     if kw.get("recompute"):
         opts._Popart.set("autoRecomputation", 3)
     if kw.get("offload") or kw.get("rts"):
@@ -112,6 +114,8 @@ CASES = {
     "mlp-3ipu-ga8-adam-recompute": (Mlp, mlp_batch, 8, dict(recompute=True), "adam"),
     "mlp-3ipu-ga6-sgd-offload": (Mlp, mlp_batch, 6, dict(offload=True), "sgd"),
     "mlp-2ipu-ga4-r2-lamb-rts": (lambda: Mlp(2), mlp_batch, 4, dict(rts=True, replicas=2), "lamb"),
+    "mlp-3ipu-ga5-adam-fp16-state": (Mlp, mlp_batch, 5, dict(), "adam-fp16"),
+    "mlp-3ipu-ga4-sharded-rmsprop": (Mlp, mlp_batch, 4, dict(sharded=True), "rmsprop"),
     "cnn-2ipu-ga4-sgd": (Cnn, cnn_batch, 4, dict(), "sgd"),
     "cnn-2ipu-ga6-adamw-recompute-offload": (
         Cnn,
@@ -130,6 +134,11 @@ def _optimizer(kind: str, params: Any) -> torch.optim.Optimizer:
         return poptorch.optim.LAMB(params, lr=1e-3)
     if kind == "adamw":
         return poptorch.optim.AdamW(params, lr=1e-3)
+    if kind == "adam-fp16":
+        return poptorch.optim.Adam(params, lr=1e-3, first_order_momentum_accum_type=torch.float16,
+                                   second_order_momentum_accum_type=torch.float16)  # fmt: skip
+    if kind == "rmsprop":
+        return poptorch.optim.RMSprop(params, lr=1e-3, momentum=0.5, centered=True)
     return poptorch.optim.Adam(params, lr=1e-3)
 
 
@@ -478,3 +487,30 @@ def test_single_ipu_training_holds_one_micro_batch() -> None:
     assert ipu.activations == 4 * (4 * 16 + 4 * 32 + 4 * 5) + 8 * 4 + 4
     assert ipu.gradients == ipu.weights  # float32 accumulators (gradient accumulation 4)
     model.destroy()
+
+
+def test_planner_command_prints_the_report_of_the_first_compile(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, torch, poptorch\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(8, int(sys.argv[1])), torch.nn.ReLU())\n"
+        "model = poptorch.inferenceModel(net)\n"
+        "model(torch.randn(2, 8))\n"
+        "print('the program went on running')\n"
+    )
+    repo = Path(__file__).resolve().parent.parent
+    env_vars = {**os.environ, "PYTHONPATH": str(repo), "POPTORCH_SIM_IPU_MEMORY": "100KB"}
+    plot = tmp_path / "memory.png"
+    for width, status in ((16, 0), (4096, 1)):
+        proc = subprocess.run(
+            [sys.executable, "-m", "poptorch_sim.memory", "--plot", str(plot), str(script),
+             str(width)],
+            capture_output=True, text=True, env=env_vars, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == status, proc.stderr[-2000:]
+        assert "Memory per IPU" in proc.stdout and "went on running" not in proc.stdout
+        assert ("OUT OF MEMORY" in proc.stdout) == (status == 1)
+    assert plot.exists()
