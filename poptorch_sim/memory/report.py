@@ -124,6 +124,26 @@ class MemoryReport:
             + ("" if m.fits else "  OUT OF MEMORY")
             for r, m in zip(rows, self.ipus)
         ]
+        flights = [
+            f"stage {s}: {format_bytes(per)} x {m.in_flight.get(s, 0)}"
+            for m in self.ipus
+            for s, per in sorted(m.activations_per_micro_batch.items())
+        ]
+        if any(m.activations for m in self.ipus):
+            kept = (
+                "inputs kept, plus one micro-batch recomputed in backward,"
+                if self.settings.get("recomputation")
+                else "saved for backward"
+            )
+            lines.append(f"activations ({kept} per micro-batch x micro-batches in flight): "
+                         + ", ".join(flights))  # fmt: skip
+        detail: dict[str, int] = {}
+        for m in self.ipus:
+            for name, nbytes in m.optimizer_detail.items():
+                detail[name] = detail.get(name, 0) + nbytes
+        if detail:
+            parts = ", ".join(f"{name} {format_bytes(b)}" for name, b in detail.items())
+            lines.append(f"optimizer state ({self.settings.get('optimizer')}): {parts}")
         off = sum(m.optimizer_state_off_chip for m in self.ipus)
         if off:
             lines.append(f"optimizer state off chip (streaming memory): {format_bytes(off)}")
