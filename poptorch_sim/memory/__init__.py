@@ -111,6 +111,9 @@ def measure(poptorch_model: Any, *args: Any, **kwargs: Any) -> list[MeasuredIpu]
 
     Raises:
         Error: the model runs as one program (no blocks): there are no IPU workers to probe.
+
+    >>> # for est, got in zip(memory_report(model).ipus, measure(model, x, y)):
+    >>> #     print(est.activations, got.activations)
     """
     if not poptorch_model.isCompiled():
         poptorch_model.compile(*args, **kwargs)

@@ -290,6 +290,9 @@ def plan(
 
     Raises:
         ValueError: fewer candidates than IPUs.
+
+    >>> # with torch.device("meta"): bert = transformers.BertForSequenceClassification(config)
+    >>> # print(plan(bert, {"input_ids": ids}, opts, 4, optimizer="lamb"))  # then .apply(bert)
     """
     names = list(candidates) if candidates is not None else _candidates(model)
     if len(names) < num_ipus:
