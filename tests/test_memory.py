@@ -514,3 +514,15 @@ def test_planner_command_prints_the_report_of_the_first_compile(tmp_path: Path) 
         assert "Memory per IPU" in proc.stdout and "went on running" not in proc.stdout
         assert ("OUT OF MEMORY" in proc.stdout) == (status == 1)
     assert plot.exists()
+
+
+def test_plan_leaves_the_model_and_the_rng_as_they_were() -> None:
+    net = Cnn()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    batch = cnn_batch(4)
+    rng = torch.get_rng_state()
+    suggestion = poptorch.memory.plan(net, batch, _options(4), 2, optimizer="sgd")
+    assert suggestion.blocks[0] == "features"
+    for name, value in net.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    assert torch.equal(torch.get_rng_state(), rng)

@@ -28,7 +28,13 @@ from ..logger import logger
 from ..program import StageSpec
 from .saved import SavedBytes, storage_key
 
-__all__ = ["REAL_RUN_WORK", "StageActivations", "stage_activations", "model_activations"]
+__all__ = [
+    "REAL_RUN_WORK",
+    "StageActivations",
+    "model_activations",
+    "restoring",
+    "stage_activations",
+]
 
 # Below this many (parameters × input elements) the stages run for real on the first
 # micro-batch rather than on fake tensors: a 3-layer MLP costs 0.25 ms for real and 8 ms fake
@@ -143,7 +149,7 @@ def _run_stages(
     return out
 
 
-def _restoring(model_modules: Sequence[nn.Module], run: Callable[[], Any]) -> Any:
+def restoring(model_modules: Sequence[nn.Module], run: Callable[[], Any]) -> Any:
     """Run ``run`` on one intra-op thread and put the modules' buffers and the CPU RNG back.
 
     One thread, because the IPU workers have just started their own intra-op thread pools:
@@ -189,7 +195,7 @@ def stage_activations(
             if attempt == "fake":
                 counts = _run_stages(stages, inputs, training, fake=True)
             else:
-                counts = _restoring(
+                counts = restoring(
                     modules, lambda: _run_stages(stages, inputs, training, fake=False)
                 )
             method = attempt
@@ -230,7 +236,7 @@ def model_activations(
     method, saved = "failed", 0
     for fake in order:
         try:
-            saved = run(True) if fake else _restoring([model], lambda: run(False))
+            saved = run(True) if fake else restoring([model], lambda: run(False))
             method = "fake" if fake else "real"
             break
         except Exception as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,10 +28,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .. import env
 from ..runtime.schedules import make_schedule
-from .activations import StageActivations
+from .activations import StageActivations, restoring
 from .estimate import ALLOWANCE_FRACTION, activation_peaks
 from .report import IpuMemory, MemoryReport
-from .saved import SavedBytes, tensor_bytes
+from .saved import SavedBytes, storage_key, tensor_bytes
 from .settings import MemorySettings, memory_settings
 
 __all__ = ["Plan", "plan"]
@@ -91,6 +92,50 @@ def _candidates(model: nn.Module) -> list[str]:
     return [f"{name}.{i}" for i in range(len(largest))]
 
 
+class _Recorder:
+    """Forward hooks: each candidate's saved bytes, input bytes and time, and which modules
+    outside the candidates ran before the first candidate or after it."""
+
+    def __init__(self, excluded: set[int]) -> None:
+        self.excluded = excluded
+        self.outer = SavedBytes(excluded)  # what is saved outside the candidates
+        self.before: int | None = None  # outer's bytes when the first candidate started
+        self.found: dict[str, dict[str, Any]] = {}
+        self.sides: dict[str, list[nn.Module]] = {"before": [], "after": []}
+
+    def pre(self, name: str, args: tuple[Any, ...]) -> None:
+        if self.before is None:
+            self.before = self.outer.total()
+        counter = SavedBytes(self.excluded)
+        ctx = counter.saving()
+        ctx.__enter__()  # inner hooks take precedence over outer's until post
+        inputs = SavedBytes()
+        for v in args:
+            inputs.add(v)
+        self.found[name] = {"ctx": ctx, "counter": counter, "inputs": inputs.total()}
+
+    def post(self, name: str) -> None:
+        self.found[name]["ctx"].__exit__(None, None, None)
+
+    def side(self, module: nn.Module) -> None:
+        self.sides["before" if self.before is None else "after"].append(module)
+
+    def hook(self, model: nn.Module, names: Sequence[str]) -> list[Any]:
+        modules = [model.get_submodule(n) for n in names]
+        handles = []
+        for name, module in zip(names, modules):
+            handles.append(module.register_forward_pre_hook(
+                lambda _m, a, name=name: self.pre(name, a)))  # fmt: skip
+            handles.append(module.register_forward_hook(
+                lambda _m, _a, _o, name=name: self.post(name)))  # fmt: skip
+        inner = {id(m) for c in modules for m in c.modules()}
+        for m in model.modules():
+            direct = [*m.parameters(recurse=False), *m.buffers(recurse=False)]
+            if id(m) not in inner and direct:
+                handles.append(m.register_forward_pre_hook(lambda m_, _a: self.side(m_)))
+        return handles
+
+
 def _profile(
     model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], names: Sequence[str]
 ) -> tuple[list[_Unit], _Unit, _Unit]:
@@ -98,69 +143,39 @@ def _profile(
     meta = any(p.is_meta for p in model.parameters())
     modules = [model.get_submodule(n) for n in names]
     weights = {id(p) for m in modules for p in [*m.parameters(), *m.buffers()]}
-    excluded = {int(t.untyped_storage()._cdata) for t in [*model.parameters(), *model.buffers()]}
-    outer = SavedBytes(excluded)
-    found: dict[str, dict[str, Any]] = {}
-    state: dict[str, Any] = {"before": None}
-    handles = []
-    for name, module in zip(names, modules):
+    rec = _Recorder({storage_key(t) for t in [*model.parameters(), *model.buffers()]})
+    flops = FlopCounterMode(display=False)
+    handles = rec.hook(model, names)
 
-        def pre(_m: nn.Module, a: tuple[Any, ...], name: str = name) -> None:
-            if state["before"] is None:
-                state["before"] = outer.total()
-            counter = SavedBytes(excluded)
-            ctx = counter.saving()
-            ctx.__enter__()
-            ins = SavedBytes()
-            for v in a:
-                ins.add(v)
-            found[name] = {"ctx": ctx, "counter": counter, "inputs": ins.total(),
-                           "start": time.perf_counter()}  # fmt: skip
+    def run() -> None:
+        with rec.outer.saving(), torch.enable_grad(), flops if meta else nullcontext():
+            model(*args, **kwargs)
 
-        def post(_m: nn.Module, _a: Any, _o: Any, name: str = name) -> None:
-            entry = found[name]
-            entry["time"] = time.perf_counter() - entry["start"]
-            entry["ctx"].__exit__(None, None, None)
-
-        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-    inner = {id(m) for c in modules for m in c.modules()}
-    sides: dict[str, list[nn.Module]] = {"before": [], "after": []}
-    for m in model.modules():
-        direct = [*m.parameters(recurse=False), *m.buffers(recurse=False)]
-        if id(m) in inner or not direct:
-            continue
-
-        def side(m_: nn.Module, _a: Any) -> None:
-            sides["before" if state["before"] is None else "after"].append(m_)
-
-        handles.append(m.register_forward_pre_hook(side))
-    flops = FlopCounterMode(display=False) if meta else None
     try:
-        with outer.saving(), torch.enable_grad():
-            if flops is not None:
-                with flops:
-                    model(*args, **kwargs)
-            else:
-                model(*args, **kwargs)
+        if meta:
+            run()
+        else:
+            restoring([model], run)
     finally:
         for h in handles:
             h.remove()
-    root = type(model).__name__
-    counts = flops.get_flop_counts() if flops is not None else {}
-    times = {} if meta else _forward_times(model, args, kwargs, names, modules)
-    counts = {k.removeprefix(f"{root}."): v for k, v in counts.items()}
+    if meta:
+        root = type(model).__name__
+        counts = {k.removeprefix(f"{root}."): v for k, v in flops.get_flop_counts().items()}
+        costs = {n: float(sum(counts.get(n, {}).values())) for n in names}
+    else:
+        costs = restoring([model], lambda: _forward_times(model, args, kwargs, names, modules))
     units = []
     for name, module in zip(names, modules):
-        entry = found[name]
-        cost = sum(counts.get(name, {}).values()) if meta else times[name]
+        entry = rec.found[name]
         params = [p for p in module.parameters() if p.requires_grad]
         units.append(_Unit(name, sum(tensor_bytes(t) for t in [*module.parameters(),
                                                              *module.buffers()]),
                            sum(p.numel() for p in params), entry["counter"].total(),
-                           entry["inputs"], float(cost), len(params)))  # fmt: skip
-    before = state["before"] or 0
-    head = _rest("(before)", sides["before"], weights, before)
-    tail = _rest("(after)", sides["after"], weights, max(outer.total() - before, 0))
+                           entry["inputs"], costs[name], len(params)))  # fmt: skip
+    before = rec.before or 0
+    head = _rest("(before)", rec.sides["before"], weights, before)
+    tail = _rest("(after)", rec.sides["after"], weights, max(rec.outer.total() - before, 0))
     return units, head, tail
 
 
@@ -201,13 +216,11 @@ def _forward_times(
             best[name] = min(best[name], time.perf_counter() - started[name])
 
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-    rng = torch.get_rng_state()
     try:
         with torch.no_grad():
             for _ in range(repeats):
                 model(*args, **kwargs)
     finally:
-        torch.set_rng_state(rng)
         for h in handles:
             h.remove()
     return best
