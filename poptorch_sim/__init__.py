@@ -49,6 +49,7 @@ from .executor.serialization import load
 from .hardware import ipuHardwareIsAvailable, ipuHardwareVersion
 from .ipu_context import isRunningOnIpu
 from .logger import setLogLevel
+from .memory import memory_report
 from .ops import (
     CPU,
     Attribute,
@@ -185,4 +186,5 @@ __all__ = [
     "register_custom_op",
     "Sharder",
     "list_nodes",
+    "memory_report",  # per-IPU memory estimate
 ]

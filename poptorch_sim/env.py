@@ -16,10 +16,15 @@ __all__ = [
     "offline",
     "threads_per_ipu",
     "ipu_model",
+    "ipu_memory",
+    "out_of_memory",
     "sharding_config",
 ]
 
 DEFAULT_NUM_IPUS = 64
+MK2_IPU_MEMORY = 1472 * 624 * 1024  # tiles × In-Processor Memory per tile
+_UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30,
+          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}  # fmt: skip
 
 
 def _get(name: str) -> str | None:
@@ -127,3 +132,49 @@ def engine_options() -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"POPLAR_ENGINE_OPTIONS must be a JSON object, got {raw!r}")
     return value
+
+
+def ipu_memory() -> int:
+    """``POPTORCH_SIM_IPU_MEMORY``: memory of each simulated IPU in bytes (default a Mk2 IPU's).
+
+    Bytes, or a number with a ``KB``/``MB``/``GB`` suffix (binary: ``1KB`` = 1024 bytes;
+    ``KiB``/``MiB``/``GiB`` are accepted too). The default is 1472 tiles × 624 KiB
+    (940,572,672 bytes).
+
+    Raises:
+        ValueError: not a positive size.
+    """
+    raw = _get("POPTORCH_SIM_IPU_MEMORY")
+    if raw is None:
+        return MK2_IPU_MEMORY
+    text = raw.strip().upper().replace(" ", "")
+    number = text.rstrip("KMGIB")
+    unit = text[len(number) :]
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        value = -1.0
+    if not value >= 1:
+        raise ValueError(
+            f"POPTORCH_SIM_IPU_MEMORY must be a positive size in bytes, optionally with a "
+            f"KB, MB or GB suffix (e.g. 900MB), got {raw!r}"
+        )
+    return int(value)
+
+
+def out_of_memory() -> str:
+    """``POPTORCH_SIM_OUT_OF_MEMORY``: what compiling a model that does not fit does.
+
+    ``warn`` (default): log a warning and run anyway; ``error``: raise ``poptorch.Error``, as
+    PopTorch does on an IPU (unless the engine option ``debug.allowOutOfMemory`` is set).
+
+    Raises:
+        ValueError: another value.
+    """
+    raw = (_get("POPTORCH_SIM_OUT_OF_MEMORY") or "warn").strip().lower()
+    if raw not in ("warn", "error"):
+        raise ValueError(
+            f"POPTORCH_SIM_OUT_OF_MEMORY must be 'warn' or 'error', got "
+            f"{_get('POPTORCH_SIM_OUT_OF_MEMORY')!r}"
+        )
+    return raw

@@ -97,6 +97,7 @@ POPTORCH_NAMES = {
     "register_custom_op",
     "Sharder",  # PopRT's manual sharding
     "list_nodes",
+    "memory_report",
 }
 
 

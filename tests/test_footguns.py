@@ -180,3 +180,72 @@ def test_one_overlapped_output_sends_every_input_and_output_through_the_io_threa
     stores = [e for e in io.trace.events if e.track == "store"]
     assert len(loads) == len(stores) == 2  # both micro-batches, both inputs and outputs each
     model.destroy()
+
+
+def test_sgd_without_momentum_keeps_no_velocity_that_the_memory_estimate_counts() -> None:
+    # PopART keeps an SGD velocity with gradient accumulation even at momentum 0, so the memory
+    # estimate counts one (poptorch_sim/memory/estimate.py); the simulator's optimizer, whose
+    # update is the same without it, allocates none (poptorch_sim.memory.measure shows 0).
+    from poptorch_sim.memory import measure, memory_report
+
+    class TwoIpus(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = poptorch.BeginBlock(nn.Linear(4, 4), "a", ipu_id=0)
+            self.b = poptorch.BeginBlock(nn.Linear(4, 2), "b", ipu_id=1)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor):
+            out = self.b(torch.relu(self.a(x)))
+            return out, nn.functional.cross_entropy(out, y)
+
+    net = TwoIpus()
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(4)
+    model = poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1))
+    measured = measure(model, torch.randn(16, 4), torch.randint(0, 2, (16,)))
+    estimated = memory_report(model).ipus
+    assert [m.optimizer_state for m in estimated] == [4 * (16 + 4), 4 * (8 + 2)]
+    assert [m.optimizer_state for m in measured] == [0, 0]
+    model.destroy()
+
+
+def test_a_model_over_its_memory_limit_still_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On an IPU it would fail to compile; the simulator warns and runs it (set
+    # POPTORCH_SIM_OUT_OF_MEMORY=error for the IPU's behaviour; see poptorch_sim/memory/limits.py).
+    monkeypatch.setenv("POPTORCH_SIM_IPU_MEMORY", "1KB")
+    monkeypatch.delenv("POPTORCH_SIM_OUT_OF_MEMORY", raising=False)
+    net = nn.Linear(64, 64)
+    model = poptorch.inferenceModel(net)
+    x = torch.randn(2, 64)
+    torch.testing.assert_close(model(x), net(x))
+    assert poptorch.memory_report(model).over_limit
+
+
+def test_recomputation_checkpoints_do_not_change_the_memory_estimate() -> None:
+    # recomputationCheckpoint is an identity in the captured graph, so pipeline recomputation
+    # keeps only each stage's inputs whether or not values are checkpointed; on an IPU the
+    # checkpointed values are stashed too (see poptorch_sim/memory/estimate.py).
+    def compiled(checkpoint: bool) -> list[int]:
+        class Net(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.a = poptorch.BeginBlock(nn.Linear(4, 8), "a", ipu_id=0)
+                self.b = poptorch.BeginBlock(nn.Linear(8, 2), "b", ipu_id=1)
+
+            def forward(self, x: torch.Tensor, y: torch.Tensor):
+                h = torch.tanh(self.a(x))
+                h = poptorch.recomputationCheckpoint(h) if checkpoint else h
+                out = self.b(torch.tanh(h))
+                return out, nn.functional.cross_entropy(out, y)
+
+        net = Net()
+        opts = poptorch.Options()
+        opts.Training.gradientAccumulation(4)
+        opts._Popart.set("autoRecomputation", 3)
+        model = poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1))
+        model.compile(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+        acts = [m.activations for m in poptorch.memory_report(model).ipus]
+        model.destroy()
+        return acts
+
+    assert compiled(True) == compiled(False)

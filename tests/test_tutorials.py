@@ -202,3 +202,23 @@ def test_packing_tutorial_runs_and_packing_changes_no_answer(tmp_path: Path) -> 
     assert all(float(d) < 1e-5 for d in differences), out
     rows = int(re.search(r"packed them into (\d+) rows", out).group(1))
     assert rows < 48  # packing put several requests in a row
+
+
+MEMORY = REPO / "tutorials" / "memory" / "memory_planning.py"
+
+
+def test_memory_tutorial_plans_bert_base_and_gpt2_and_measures_a_tiny_bert(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    out = _run(MEMORY, "--plot-dir", str(tmp_path / "plots"), cwd=tmp_path)
+    for model in ("BERT-base", "GPT-2"):
+        assert f"=== {model}:" in out
+    for variant in ("as is", "offload", "RTS x4", "recompute"):
+        assert out.count(f"--- {variant}:") == 2
+    assert "optimizer state off chip (streaming memory)" in out
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 8
+    rows = [line.split() for line in out.splitlines() if "/" in line and line.split()[0].isdigit()]
+    assert len(rows) == 3
+    for row in rows:  # IPU, weights est / measured, optimizer state est / measured, activations
+        weights, state, acts = (row[1], row[3]), (row[4], row[6]), (int(row[7]), int(row[9]))
+        assert weights[0] == weights[1] and state[0] == state[1]
+        assert abs(acts[0] - acts[1]) <= 0.1 * acts[1]

@@ -27,6 +27,7 @@ from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
 from ..hardware import ipuHardwareIsAvailable
 from ..logger import logger, warning_once
+from ..memory.build import at_compile as memory_at_compile
 from ..ops.annotations import overlap_marks
 from ..ops.blocks import uses_begin_block
 from ..optim import SGD
@@ -212,6 +213,15 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         if trainer is not None and isinstance(program, StagedRunner):
             trainer.trace = program.trace
             program.stage_step = trainer.stage_steps(program.program)
+        first = layout.micro_batch(bound.map_tensors(_to_device_dtype), 0, 0, 0)
+        try:
+            self._memory_report = memory_at_compile(
+                program, trainer, self._options, first, self._training
+            )
+        except BaseException:
+            if isinstance(program, StagedRunner):
+                program.close()
+            raise
         io = None
         if overlapped or (marked and num_io_tiles(self._options) > 0):
             io = self._io_tiles(program, overlapped)

@@ -31,6 +31,7 @@ from ..compiler import compile_program, describe
 from ..compiler.signature import flatten_inputs
 from ..ipu_context import running_on_ipu
 from ..logger import logger
+from ..memory.settings import recomputes
 from ..profiling.trace import TraceRecorder
 from ..program import StagedProgram
 from ..runtime import PipelineRuntime
@@ -62,6 +63,8 @@ class StagedRunner:
             self.program: StagedProgram = compile_program(
                 model, options, first.args, first.kwargs, training
             )
+        # See [Note: pipeline recomputation] in runtime/stage.py.
+        self.program.meta["recompute"] = recomputes(options, self.program.meta["mode"], training)
         logger.info("poptorch_sim: %s", describe(self.program))
         self.training = training
         self.out_spec: pytree.TreeSpec = self.program.meta["out_spec"]

@@ -342,11 +342,16 @@ class Options(OptionsDict):
         return self
 
     def enableProfiling(self, profile_dir: str | None = None) -> Options:
-        """Write an execution trace (Chrome trace JSON, opens in Perfetto) to ``profile_dir``."""
+        """Write an execution trace (Chrome trace JSON, opens in Perfetto) and the memory report
+        to ``profile_dir``; as PopTorch, also sets ``debug.allowOutOfMemory``."""
         self._profile_dir = profile_dir or "."
         self._popart.set(
             "engineOptions",
-            {"autoReport.all": "true", "autoReport.directory": self._profile_dir},
+            {
+                "autoReport.all": "true",
+                "autoReport.directory": self._profile_dir,
+                "debug.allowOutOfMemory": "true",  # as PopTorch: profile what does not fit
+            },
         )
         return self
 

@@ -57,6 +57,7 @@ class TraceRecorder:
     """
 
     def __init__(self) -> None:
+        self.counters: list[tuple[str, dict[str, float]]] = []  # e.g. memory per IPU
         self._origin_ns = time.perf_counter_ns()
         self._events: list[TraceEvent] = []
         self._lock = threading.Lock()
@@ -155,7 +156,11 @@ class TraceRecorder:
             }
             for e in events
         ]
-        return {"traceEvents": meta + complete, "displayTimeUnit": "ms"}
+        counters = [
+            {"name": name, "ph": "C", "ts": 0, "pid": _PID, "args": values}
+            for name, values in self.counters
+        ]
+        return {"traceEvents": meta + complete + counters, "displayTimeUnit": "ms"}
 
     def write(self, path: str | Path) -> Path:
         """Write the Chrome-trace JSON to ``path`` and print where it went.

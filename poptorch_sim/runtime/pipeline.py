@@ -176,6 +176,7 @@ class PipelineRuntime:
                     training=self.training,
                     loss_name=self.program.loss_name,
                     from_stages=from_stages,
+                    recompute=bool(self.program.meta.get("recompute", False)),
                 )
             workers[ipu] = IpuWorker(
                 ipu,
@@ -231,6 +232,10 @@ class PipelineRuntime:
                 stage_ipus=self.stage_ipus,
             )
         return self._schedules[num_microbatches]
+
+    def stage_executors(self) -> dict[int, StageExecutor]:
+        """Each stage's executor by stage index (e.g. to attach a memory probe between runs)."""
+        return {index: worker.stages[index] for index, worker in self._by_stage.items()}
 
     def run(
         self,

@@ -14,7 +14,10 @@ that requires grad is being used in an in-place operation") where eager PyTorch 
 
 from __future__ import annotations
 
+import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -42,6 +45,8 @@ class _Saved:
 
     leaves: dict[str, torch.Tensor]
     outputs: dict[str, torch.Tensor]
+    args: list[Any] | None = None  # kept for recomputation (see [Note: pipeline recomputation])
+    rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
 
 def _differentiable(value: torch.Tensor) -> bool:
@@ -75,7 +80,11 @@ class StageExecutor:
         loss_name: the value seeded with ``loss_scale`` in backward, if this stage makes it.
         from_stages: names of the stage's inputs that come from other stages (they get leaves;
             program inputs are detached and never receive gradients).
+        recompute: keep only the inputs between forward and backward, and run forward again
+            in backward (see [Note: pipeline recomputation]).
     """
+
+    probe: Any = None  # a memory.SavedProbe while poptorch_sim.memory measures a run
 
     def __init__(
         self,
@@ -84,8 +93,11 @@ class StageExecutor:
         training: bool,
         loss_name: str | None,
         from_stages: frozenset[str],
+        recompute: bool = False,
     ) -> None:
         self.spec = spec
+        self.recompute = recompute and training
+        self._rng_lock = _RNG_LOCK if self.recompute and _has_random_ops(spec.module) else None
         self.training = training
         self.loss_name = loss_name if loss_name in spec.outputs else None
         self.from_stages = from_stages
@@ -108,12 +120,51 @@ class StageExecutor:
                 value = value.requires_grad_()
                 leaves[name] = value
             args.append(value)
-        with torch.set_grad_enabled(self.training):
+        probe, index = self.probe, self.spec.index
+        if self.recompute:
+            with self._rng_lock or nullcontext(), torch.no_grad():
+                rng = _rng_state(args)
+                result = _call(self.spec.module, args)
+            if probe is not None:
+                probe.keep(index, mb, args)
+            outputs = self._name_outputs(result)
+            self._saved[mb] = _Saved(leaves, outputs, args, rng)
+            return outputs
+        counting = probe.forward(index, mb) if probe is not None and self.training else None
+        with torch.set_grad_enabled(self.training), counting or nullcontext():
             result = _call(self.spec.module, args)
         outputs = self._name_outputs(result)
         if self.training:
             self._saved[mb] = _Saved(leaves, outputs)
         return outputs
+
+    def _recomputed(self, mb: int, saved: _Saved) -> dict[str, torch.Tensor]:
+        """The outputs of micro-batch ``mb`` computed again, with autograd recording.
+
+        The RNG is replayed from the forward and the buffers (running statistics) restored, so
+        the values and the model's state are those of the forward.
+        """
+        assert saved.args is not None and saved.rng is not None
+        buffers = list(self.spec.module.buffers())
+        kept = [b.detach().clone() for b in buffers]
+        device = next(a.device for a in saved.args if isinstance(a, torch.Tensor))
+        devices = [device] if saved.rng[1] is not None else []
+        probe = self.probe
+        counting = probe.recompute(self.spec.index, mb) if probe is not None else None
+        with (
+            self._rng_lock or nullcontext(),
+            torch.random.fork_rng(devices=devices),
+            counting or nullcontext(),
+        ):
+            torch.set_rng_state(saved.rng[0])
+            if saved.rng[1] is not None:
+                torch.cuda.set_rng_state(saved.rng[1], devices[0])
+            with torch.enable_grad():
+                result = _call(self.spec.module, saved.args)
+        with torch.no_grad():
+            for b, value in zip(buffers, kept):
+                b.copy_(value)
+        return self._name_outputs(result)
 
     def _name_outputs(self, result: object) -> dict[str, torch.Tensor]:
         names = self.spec.outputs
@@ -136,6 +187,8 @@ class StageExecutor:
             The gradient of each input that came from another stage (``None`` if it got none).
         """
         saved = self._saved.pop(mb)
+        if saved.args is not None:
+            saved.outputs = self._recomputed(mb, saved)
         roots: list[torch.Tensor] = []
         seeds: list[torch.Tensor] = []
         if self.loss_name is not None:
@@ -150,8 +203,51 @@ class StageExecutor:
                 seeds.append(grad)
         if roots:
             torch.autograd.backward(roots, seeds)
+        if self.probe is not None:
+            self.probe.release(self.spec.index, mb)
         return {name: leaf.grad for name, leaf in saved.leaves.items()}
 
     def discard(self) -> None:
         """Drop the graphs of unfinished micro-batches (after an aborted run)."""
         self._saved.clear()
+
+
+_RNG_LOCK = threading.Lock()  # See [Note: pipeline recomputation]
+_RANDOM_NAMES = ("dropout", "rand", "bernoulli", "normal", "multinomial", "uniform")
+
+
+def _has_random_ops(module: nn.Module) -> bool:
+    """Whether the stage may draw random numbers (any module that is not an fx graph may)."""
+    if not isinstance(module, fx.GraphModule):
+        return True
+    for node in module.graph.nodes:
+        if node.op == "call_module":
+            if isinstance(module.get_submodule(node.target), nn.modules.dropout._DropoutNd):
+                return True
+        elif node.op in ("call_function", "call_method"):
+            name = getattr(node.target, "__name__", str(node.target)).lower()
+            if any(word in name for word in _RANDOM_NAMES):
+                return True
+    return False
+
+
+def _rng_state(args: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The CPU RNG state, and the CUDA one of the stage's device when it computes on CUDA."""
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    cuda = (
+        torch.cuda.get_rng_state(device) if device is not None and device.type == "cuda" else None
+    )
+    return torch.get_rng_state(), cuda
+
+
+# [Note: pipeline recomputation]
+# With PopART's automatic recomputation (``_Popart.set("autoRecomputation", 3)``,
+# RecomputationType.Pipeline, in pipelined training; or 4, RecomputeAll) a stage does not keep
+# its activations for every micro-batch in flight: forward runs without recording, keeping only
+# the stage's inputs, and backward runs the forward again with autograd before differentiating
+# it. That trades one more forward per micro-batch for memory (see poptorch_sim.memory). The
+# recomputed forward replays the RNG state of the original (dropout draws the same masks) and
+# leaves buffers as the original forward left them (running statistics are updated once).
+# The RNG is the process-wide one: so that no other stage draws between the saved state and a
+# stage's own draws, the forward and the recomputation of stages with random ops hold one
+# process-wide lock (they do not overlap each other; stages without random ops are not held).
