@@ -269,6 +269,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{kernels.num_tiles()} tiles"
     )
+    print(kernels.simd_report())  # CPU model, cores, SIMD level and each family's variant
+    print()
     kernels.reset_counters()
     rows = []
     for name, section in sections.items():

@@ -98,7 +98,7 @@ void accumulate_into(at::Tensor& accum, const at::Tensor& grad_in, double scale)
   scope.add_supersteps(1);
   scope.add_flops(2 * n);
   const float s = static_cast<float>(scale);
-  const auto axpy = simd::pick(simd::level(), &axpy_avx512, &axpy_avx2, &axpy_base);
+  const auto axpy = simd::pick(simd::level(simd::Family::kAccumulate), &axpy_avx512, &axpy_avx2, &axpy_base);
   const int64_t tiles = (n + kTile - 1) / kTile;
   at::parallel_for(0, tiles, 64, [&](int64_t tb, int64_t te) {
     float abuf[kTile], gbuf[kTile];

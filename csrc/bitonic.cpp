@@ -20,17 +20,17 @@ constexpr int64_t kBaseBuffer = padded_size(kBitonicBaseMax, 8);
 
 POPSIM_AVX512 void sort_small_avx512(uint64_t* items, int64_t n) {
   int64_t buf[kBaseBuffer];
-  sort_items<8>(items, n, buf);
+  native::sort_items<8>(items, n, buf);
 }
 
 POPSIM_AVX2 void sort_small_avx2(uint64_t* items, int64_t n) {
   int64_t buf[kBaseBuffer];
-  sort_items<4>(items, n, buf);
+  native::sort_items<4>(items, n, buf);
 }
 
 void sort_small_base(uint64_t* items, int64_t n) {
   int64_t buf[kBaseBuffer];
-  sort_items<2>(items, n, buf);
+  native::sort_items<2>(items, n, buf);
 }
 
 #pragma GCC diagnostic pop
@@ -39,7 +39,7 @@ void sort_small_base(uint64_t* items, int64_t n) {
 
 void sort_small(uint64_t* items, int64_t n) {
   TORCH_CHECK(n <= kBitonicBaseMax, "poptorch_sim: bitonic::sort_small got ", n, " items");
-  simd::pick(simd::level(), &sort_small_avx512, &sort_small_avx2, &sort_small_base)(items, n);
+  simd::pick(simd::level(simd::Family::kSortLong), &sort_small_avx512, &sort_small_avx2, &sort_small_base)(items, n);
 }
 
 }  // namespace bitonic

@@ -31,6 +31,23 @@ std::string engine_supported_simd_level() { return simd::name(simd::supported())
 
 std::string engine_set_simd_level(std::string level) { return simd::set_level(level); }
 
+std::vector<std::string> engine_simd_families() { return simd::family_names(); }
+
+std::string engine_set_simd_choice(std::string family, std::string level) {
+  return simd::set_choice(family, level);
+}
+
+std::string engine_simd_family_level(std::string family) {
+  const auto& names = simd::family_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == family) {
+      return simd::name(simd::level(static_cast<simd::Family>(i)));
+    }
+  }
+  simd::set_choice(family, "");  // throws: unknown family
+  return "";
+}
+
 }  // namespace
 }  // namespace poptorch_sim
 
@@ -51,4 +68,8 @@ TORCH_LIBRARY(poptorch_sim, m) {
   m.def("engine_simd_level() -> str", &poptorch_sim::engine_simd_level);
   m.def("engine_supported_simd_level() -> str", &poptorch_sim::engine_supported_simd_level);
   m.def("engine_set_simd_level(str level) -> str", &poptorch_sim::engine_set_simd_level);
+  m.def("engine_simd_families() -> str[]", &poptorch_sim::engine_simd_families);
+  m.def("engine_set_simd_choice(str family, str level) -> str",
+        &poptorch_sim::engine_set_simd_choice);
+  m.def("engine_simd_family_level(str family) -> str", &poptorch_sim::engine_simd_family_level);
 }

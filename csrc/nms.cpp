@@ -105,7 +105,7 @@ template <typename T>
 void suppress_range(
     const Columns<T>& c, int64_t keeper, T threshold, uint8_t* suppressed, int64_t lo,
     int64_t hi) {
-  simd::pick(simd::level(), &suppress_range_avx512<T>, &suppress_range_avx2<T>,
+  simd::pick(simd::level(simd::Family::kNms), &suppress_range_avx512<T>, &suppress_range_avx2<T>,
              &suppress_range_base<T>)(c, keeper, threshold, suppressed, lo, hi);
 }
 

@@ -68,7 +68,7 @@ struct SqrtAvx512 {
   POPSIM_SIMD_VARIANT(NAME, HYPER, _avx2, POPSIM_AVX2, SqrtAvx2)                        \
   POPSIM_SIMD_VARIANT(NAME, HYPER, _base, , SqrtBase)                                   \
   void NAME(const HYPER& h, const TileView& v) {                                        \
-    simd::pick(simd::level(), &NAME##_avx512, &NAME##_avx2, &NAME##_base)(h, v);        \
+    simd::pick(simd::level(simd::Family::kOptimizer), &NAME##_avx512, &NAME##_avx2, &NAME##_base)(h, v);        \
   }
 
 template <bool kByInverse>
@@ -287,7 +287,7 @@ double sum_squares_base(const float* x, int64_t n) { return sum_squares_body(x, 
 }  // namespace
 
 double sum_squares(const float* x, int64_t n) {
-  return simd::pick(simd::level(), &sum_squares_avx512, &sum_squares_avx2,
+  return simd::pick(simd::level(simd::Family::kOptimizer), &sum_squares_avx512, &sum_squares_avx2,
                     &sum_squares_base)(x, n);
 }
 

@@ -89,7 +89,7 @@ bool scatter_sort_into(
   std::atomic<uint32_t> flags{0};
   uint32_t unused = 0;
   const uint32_t reference = Codec::key(in[0], unused) ^ flip;
-  const simd::Level level = simd::level();
+  const simd::Level level = simd::level(simd::Family::kSortLong);
   const auto make_keys_variant = simd::pick(level, &make_keys_avx512<Codec, scalar_t>,
                                             &make_keys_avx2<Codec, scalar_t>,
                                             &make_keys_base<Codec, scalar_t>);

@@ -21,7 +21,8 @@ Level parse(const std::string& text) {
   }
   TORCH_CHECK(
       text == "avx512", "poptorch_sim: unknown SIMD level '", text,
-      "'; use base, avx2 or avx512 (POPTORCH_SIM_SIMD or kernels.set_simd_level)");
+      "'; use base, avx2 or avx512 (POPTORCH_SIM_SIMD or kernels.set_simd_level, which also ",
+      "takes auto)");
   return Level::kAvx512;
 }
 
@@ -35,7 +36,53 @@ std::atomic<Level>& current() {
   return level;
 }
 
+std::atomic<bool> pinned{false};  // set_level named a level: it overrides the choices
+
+constexpr int kFamilies = static_cast<int>(Family::kCount);
+constexpr int kNoChoice = -1;
+std::atomic<int> choices[kFamilies] = {kNoChoice, kNoChoice, kNoChoice, kNoChoice,
+                                       kNoChoice, kNoChoice, kNoChoice, kNoChoice};
+static_assert(kFamilies == 8, "one initial choice per family");
+
+int family_index(const std::string& family) {
+  const auto& names = family_names();
+  for (int i = 0; i < kFamilies; ++i) {
+    if (names[i] == family) {
+      return i;
+    }
+  }
+  std::string known;
+  for (const auto& name : names) {
+    known += (known.empty() ? "" : ", ") + name;
+  }
+  TORCH_CHECK(false, "poptorch_sim: unknown kernel family '", family, "'; use one of ", known);
+  return 0;
+}
+
 }  // namespace
+
+Level level(Family family) {
+  const Level cap = level();
+  const int choice = choices[static_cast<int>(family)].load(std::memory_order_relaxed);
+  if (choice == kNoChoice || pinned.load(std::memory_order_relaxed)) {
+    return cap;
+  }
+  return std::min(cap, static_cast<Level>(choice));
+}
+
+const std::vector<std::string>& family_names() {
+  static const std::vector<std::string> names = {
+      "sort_rows_16", "sort_rows_256", "sort_rows_4096", "sort_rows_32768",
+      "sort_long",    "nms",           "accumulate",     "optimizer"};
+  return names;
+}
+
+std::string set_choice(const std::string& family, const std::string& text) {
+  const int index = family_index(family);
+  const int wanted = text.empty() ? kNoChoice : static_cast<int>(parse(text));
+  const int previous = choices[index].exchange(wanted, std::memory_order_relaxed);
+  return previous == kNoChoice ? "" : name(static_cast<Level>(previous));
+}
 
 Level supported() {
   static const Level best = [] {
@@ -53,8 +100,11 @@ Level supported() {
 Level level() { return current().load(std::memory_order_relaxed); }
 
 std::string set_level(const std::string& text) {
-  const Level wanted = std::min(supported(), parse(text));
-  return name(current().exchange(wanted, std::memory_order_relaxed));
+  const bool pin = text != "auto";
+  const Level wanted = pin ? std::min(supported(), parse(text)) : initial();
+  const bool was_pinned = pinned.exchange(pin, std::memory_order_relaxed);
+  const Level previous = current().exchange(wanted, std::memory_order_relaxed);
+  return was_pinned ? name(previous) : "auto";
 }
 
 const char* name(Level level) {

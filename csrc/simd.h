@@ -7,10 +7,21 @@
 // same IEEE operations per element in the same order (no fused multiply-add unless the source
 // calls fmaf; the build passes -ffp-contract=off), so they give identical bits: the tests run
 // every variant this CPU has against the others. The level is the best the CPU supports, capped
-// by the environment variable POPTORCH_SIM_SIMD (base, avx2 or avx512) or by set_level.
+// by the environment variable POPTORCH_SIM_SIMD (base, avx2 or avx512) or set by set_level.
+//
+// [Note: measured variants]
+// The widest variant is not always the fastest (GCC's code for one can be worse than for a
+// narrower one, or a CPU can slow its clock for wide vectors), so each kernel family (a Family
+// below) runs the variant measured fastest on this CPU: poptorch_sim.kernels.simd_choice times
+// every variant the cap allows on a small sample, keeps the fastest, and caches the choice per
+// CPU model and build (under XDG_CACHE_HOME), setting it here with set_choice. level(family) is
+// that choice under the cap; set_level pins every family at its level until set_level("auto").
+// (A 16-core AVX-512 Xeon, 2026-11-25: measuring took 0.1 s and picked avx512 for every family;
+// capped at avx2, it picked base for the long-row sorts, 2.21 against 2.28 ms.)
 #pragma once
 
 #include <string>
+#include <vector>
 
 #define POPSIM_AVX2 __attribute__((target("avx2,fma")))
 #define POPSIM_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
@@ -20,14 +31,41 @@ namespace simd {
 
 enum class Level { kBase = 0, kAvx2 = 1, kAvx512 = 2 };
 
-// The variant the kernels use now.
+// Kernel families that run their measured variant (see [Note: measured variants]). The bitonic
+// row sort by row length class (up to 16, 256, 4096 and 32768 items), the sorts of longer rows
+// (scatter sort, base cases), NMS, accumulation and the optimizer steps.
+enum class Family {
+  kSortRows16,
+  kSortRows256,
+  kSortRows4096,
+  kSortRows32768,
+  kSortLong,
+  kNms,
+  kAccumulate,
+  kOptimizer,
+  kCount
+};
+
+// The cap: the variant every kernel uses at most (or, after set_level, exactly).
 Level level();
+
+// The variant `family` uses now: its measured choice under the cap, or the cap when it has no
+// choice or set_level pinned the level.
+Level level(Family family);
+
+// The families' names (sort_rows_16, ..., optimizer), in Family order.
+const std::vector<std::string>& family_names();
+
+// Sets `family`'s measured choice to `level` (a level name, or "" for none) and returns the
+// previous one ("" for none). Throws for an unknown family or level.
+std::string set_choice(const std::string& family, const std::string& level);
 
 // The best variant this CPU supports.
 Level supported();
 
-// Caps the variant at `name` (base, avx2 or avx512; clamped to what the CPU supports) and
-// returns the previous level's name. Throws for another name.
+// Pins every family at `name` (base, avx2 or avx512; clamped to what the CPU supports), or with
+// "auto" goes back to the measured choices under POPTORCH_SIM_SIMD's cap; returns the previous
+// setting ("auto" or a level's name). Throws for another name.
 std::string set_level(const std::string& name);
 
 const char* name(Level level);

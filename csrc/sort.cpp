@@ -125,7 +125,11 @@ void sort_rows_bitonic(
     int64_t* indices, KernelScope& scope, RowSort<scalar_t> sort_rows = nullptr) {
   const int64_t tiles = std::min(engine::num_tiles(), rows);
   if (sort_rows == nullptr) {
-    sort_rows = simd::pick(simd::level(), &bitonic::sort_rows_avx512<Codec, scalar_t>,
+    const simd::Family family = n <= 16     ? simd::Family::kSortRows16
+                                : n <= 256  ? simd::Family::kSortRows256
+                                : n <= 4096 ? simd::Family::kSortRows4096
+                                            : simd::Family::kSortRows32768;
+    sort_rows = simd::pick(simd::level(family), &bitonic::sort_rows_avx512<Codec, scalar_t>,
                            &bitonic::sort_rows_avx2<Codec, scalar_t>,
                            &bitonic::sort_rows_base<Codec, scalar_t>);
   }

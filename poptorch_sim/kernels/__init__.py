@@ -8,7 +8,7 @@ updates and off-chip state streaming: :mod:`.optim`.
 
 from __future__ import annotations
 
-from . import engine, generic
+from . import engine, generic, simd_choice
 from .engine import (
     KernelCounters,
     counters,
@@ -21,6 +21,7 @@ from .engine import (
     supported_simd_level,
     tiles,
 )
+from .simd_choice import simd_report
 from .sorting import argsort, batched_nms, nms, sort, topk
 
 generic.register("cuda")
@@ -38,7 +39,9 @@ __all__ = [
     "set_num_tiles",
     "set_simd_level",
     "simd",
+    "simd_choice",
     "simd_level",
+    "simd_report",
     "sort",
     "supported_simd_level",
     "tiles",
@@ -82,3 +85,5 @@ if _optim is not None:
         "rmsprop_step_",
         "sgd_step_",
     ]
+
+simd_choice.apply()  # each family's fastest SIMD variant here: measured once, then cached

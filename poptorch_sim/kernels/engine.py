@@ -27,8 +27,11 @@ __all__ = [
     "num_tiles",
     "reset_counters",
     "set_num_tiles",
+    "set_simd_choice",
     "set_simd_level",
     "simd",
+    "simd_families",
+    "simd_family_level",
     "simd_level",
     "supported_simd_level",
     "tiles",
@@ -140,10 +143,12 @@ def tiles(count: int) -> AbstractContextManager[None]:
 
 
 def simd_level() -> str:
-    """Returns the SIMD variant the C++ loops run now: ``base``, ``avx2`` or ``avx512``.
+    """Returns the widest SIMD variant the C++ loops may run now: ``base``, ``avx2`` or ``avx512``.
 
     The default is the best this CPU supports, capped by the environment variable
-    ``POPTORCH_SIM_SIMD``; every variant gives the same bits (``[Note: SIMD variants]``).
+    ``POPTORCH_SIM_SIMD``; each kernel family runs the variant measured fastest under it
+    (:mod:`.simd_choice`) unless :func:`set_simd_level` pinned one. Every variant gives the same
+    bits (``[Note: SIMD variants]``).
     """
     return str(torch.ops.poptorch_sim.engine_simd_level())
 
@@ -154,24 +159,42 @@ def supported_simd_level() -> str:
 
 
 def set_simd_level(level: str) -> str:
-    """Caps the SIMD variant at ``level``, clamped to what this CPU supports.
+    """Pins every kernel family at the SIMD variant ``level``, clamped to what this CPU supports.
 
     Args:
-        level: ``base``, ``avx2`` or ``avx512``.
+        level: ``base``, ``avx2`` or ``avx512``; or ``auto``: back to each family's measured
+            choice (:mod:`.simd_choice`) under ``POPTORCH_SIM_SIMD``'s cap.
 
     Returns:
-        The previous level.
+        The previous setting (``auto`` or a level).
 
     Raises:
         ValueError: ``level`` is not one of those names.
     """
-    if level not in SIMD_LEVELS:
-        raise ValueError(f"unknown SIMD level {level!r}; use one of {', '.join(SIMD_LEVELS)}")
+    if level not in (*SIMD_LEVELS, "auto"):
+        raise ValueError(
+            f"unknown SIMD level {level!r}; use one of {', '.join(SIMD_LEVELS)} or auto"
+        )
     return str(torch.ops.poptorch_sim.engine_set_simd_level(level))
 
 
+def simd_families() -> list[str]:
+    """Returns the kernel families that run their measured SIMD variant (``sort_rows_16``, ...)."""
+    return [str(name) for name in torch.ops.poptorch_sim.engine_simd_families()]
+
+
+def simd_family_level(family: str) -> str:
+    """Returns the SIMD variant ``family`` runs now (its measured choice under the cap)."""
+    return str(torch.ops.poptorch_sim.engine_simd_family_level(family))
+
+
+def set_simd_choice(family: str, level: str) -> str:
+    """Sets ``family``'s measured SIMD variant (``""``: none) and returns the previous one."""
+    return str(torch.ops.poptorch_sim.engine_set_simd_choice(family, level))
+
+
 def simd(level: str) -> AbstractContextManager[None]:
-    """Runs the enclosed kernels with the SIMD variant capped at ``level``, then restores it.
+    """Runs the enclosed kernels with every family pinned at ``level``, then restores the setting.
 
     >>> with simd("base"):  # the loops a CPU without AVX2 runs
     ...     values, indices = torch.ops.poptorch_sim.sort(torch.randn(10_000))
