@@ -169,7 +169,7 @@ constexpr bool kVectorCodec = std::is_same<scalar_t, float>::value ||
 // benchmark) found their 12 MiB of outputs out of cache, and paid for that read as much as for
 // the sort of 16-item rows itself. Rows of 256 were slower streamed, though (two threads: 1.97
 // against 1.54 ms for 4096 x 256 in one run, and 2.2 against 1.9 ms in benchmarks/kernels.py,
-// session 6), while rows of 64 and 1024 came out the same and rows of 4096 3-8% faster; rows
+// 2026-11-23), while rows of 64 and 1024 came out the same and rows of 4096 3-8% faster; rows
 // between kRun and kStreamRowMin items are therefore written the ordinary way.
 constexpr int64_t kStreamMin = int64_t{1} << 16;  // items a tile writes before it streams them
 constexpr int64_t kStreamRowMin = 1024;           // the shortest row past kRun that streams
