@@ -311,3 +311,30 @@ def test_step_reduces_over_processes_and_mean_divides_by_global_replicas(
     train_reference(eager, torch.optim.SGD(eager.parameters(), lr=lr), (x, y), 1, 4, 2,
                     mean=reduction == "Mean")  # fmt: skip
     torch.testing.assert_close(net.state_dict(), eager.state_dict())
+
+
+class _WithLoss(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.lin(x)
+        return out, poptorch.identity_loss(out.square().sum(), reduction="none")
+
+
+def test_offline_compile_of_one_process_of_several_joins_no_group(
+    no_launcher: pytest.MonkeyPatch,
+) -> None:
+    # Each process compiles its offline executable alone (no MASTER_ADDR, no peers); the
+    # process group is only needed by an executable that runs.
+    opts = poptorch.Options().useOfflineIpuTarget().deviceIterations(2)
+    opts.Distributed.configureProcessId(3, 6)
+    model = _WithLoss()
+    before = [p.detach().clone() for p in model.parameters()]
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    training.compile(torch.randn(2, 4))
+    assert not torch.distributed.is_initialized()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(AssertionError, match="offline device"):
+        training(torch.randn(2, 4))

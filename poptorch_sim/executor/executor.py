@@ -191,7 +191,9 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         check_batch(bound, layout)
         overlap_marks()  # forget marks left by eager runs of forward
         bar.update(10)
-        if self._training:
+        # An offline executable never runs: PopTorch compiles it in each process without its
+        # peers, so no process group is joined (loading it compiles again, online).
+        if self._training and self._options.connection_type != ConnectionType.Never:
             synchronize_weights(self._user_model, self._options)
         device = DeviceCopy(self._model_snapshot)
         _check_updatable_buffers(self._options, device.model)

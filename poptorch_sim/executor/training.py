@@ -273,6 +273,7 @@ class OptimizerMixin:
         host_to_device = {id(h): d for _, h, d in device.pairs}
         names = {id(d): n for n, _, d in device.pairs}
         host_params = [p for g in self._optimizer.param_groups for p in g["params"]]
+        offline = self._options.connection_type == ConnectionType.Never
         trainer = DeviceTrainer(
             self._snapshot,
             [host_to_device[id(p)] for p in host_params],
@@ -280,7 +281,7 @@ class OptimizerMixin:
             layout.gradient_accumulation * layout.replicas,
             self._options.Training.accumulation_and_replication_reduction_type,
             off_chip=self._options.optimizer_off_chip,
-            reducer=reducer_for(self._options),
+            reducer=None if offline else reducer_for(self._options),  # see _compile
             gradient_accumulation=layout.gradient_accumulation,
         )
         trainer.wanted = {v[0] for v in self._options.anchored_tensors.values()}
