@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -197,6 +200,14 @@ def test_is_compiling_with_dispatcher_only_inside_a_capture() -> None:
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
         model(torch.ones(3, 3))  # fails inside forward
     assert not isCompilingWithDispatcher()
+
+
+def test_private_logging_module_is_an_attribute_after_import_poptorch() -> None:
+    # PopTorch's test helpers call poptorch._logging.setPopartLogLevel after a bare
+    # `import poptorch`; a fresh interpreter shows whether the package imports it itself.
+    code = "import poptorch; poptorch._logging.setPopartLogLevel('INFO'); print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr
 
 
 def test_set_popart_log_level() -> None:
