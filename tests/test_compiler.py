@@ -621,6 +621,20 @@ def test_ipu_count_rules():
         compile_program(model, big, (x,), {}, False)
 
 
+def test_ipu_count_is_checked_before_the_pipeline_depth_and_not_rounded_offline():
+    model = Chain([("A", 0), ("B", 1), ("C", 2)])
+    x = torch.randn(2, 3)
+    # Three stages with deviceIterations 1 is also too shallow: PopTorch acquires the device
+    # (and rounds its IPU count) first, so the IPU count is what it reports.
+    with pytest.raises(Error, match="The model specifies the use of 3 IPUs"):
+        compile_program(model, _options(di=1, auto_round=False), (x,), {}, False)
+    offline = _options(di=3, auto_round=False).useOfflineIpuTarget()
+    assert compile_program(model, offline, (x,), {}, False).meta["num_ipus"] == 3
+    far = Chain([("A", 0), ("B", 200)])
+    with pytest.raises(Error, match=r"Too many IPUs requested \(201\)"):
+        compile_program(far, _options(di=1), (x,), {}, False)
+
+
 def test_parallel_phases_parity():
     model = Chain([("A", None), ("B", None)])
     strategy = ParallelPhasedExecution(Phase(Stage("A").ipu(0)), Phase(Stage("B").ipu(2)))

@@ -4,7 +4,8 @@ pipelined, training    gradientAccumulation >= 2F - 1   (F: forward pipeline sta
 pipelined, inference   deviceIterations >= F
 sharded / phased       no depth constraint
 every strategy         IPUs = max(#used, highest id + 1) * replicas; at most 64; a power of
-                       two unless autoRoundNumIPUs(True) (the simulator behaves like hardware)
+                       two unless autoRoundNumIPUs(True) or offline (as on hardware); checked
+                       before the pipeline depth (PopTorch acquires the device first)
 parallel phases        even phases on even IPUs, odd on odd
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..enums import Liveness
+from ..enums import ConnectionType, Liveness
 from ..errors import Error
 from ..logger import logger
 from ..options.strategies import Placement, _IExecutionStrategy
@@ -85,13 +86,15 @@ def check_ipu_count(used_ipus: set[int], options: Any) -> int:
         of two when ``autoRoundNumIPUs(True)``.
 
     Raises:
-        poptorch.Error: more than 64 IPUs, or not a power of two without ``autoRoundNumIPUs``.
+        poptorch.Error: more than 64 IPUs, or not a power of two without ``autoRoundNumIPUs``
+            (an offline target, ``useOfflineIpuTarget``, is not rounded).
     """
     used = used_ipus or {0}
     num_ipus = max(len(used), max(used) + 1) * options.replication_factor
     _check_max(num_ipus)
     rounded = _round_up_power_of_two(num_ipus)
-    if rounded == num_ipus:
+    # An offline target is made with exactly the IPUs the model uses: nothing is reserved.
+    if rounded == num_ipus or options.connection_type == ConnectionType.Never:
         return num_ipus
     reason = ", because PopTorch must reserve a power of 2 or maximum of 64 IPUs per process"
     if not options.auto_round_num_ipus:
