@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import io
 
 import pytest
 import torch
@@ -366,3 +367,24 @@ def test_repr_shows_begin_block_assignments() -> None:
     module = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
     module[1] = poptorch.BeginBlock(module[1], "B2", ipu_id=1)
     assert "BeginBlock(user_id=B2, ipu_id=1)" in repr(poptorch.inferenceModel(module))
+
+
+@pytest.mark.parametrize("wrap", [poptorch.inferenceModel, poptorch.trainingModel])
+def test_wrapping_something_that_is_not_a_module_says_so(wrap) -> None:
+    with pytest.raises(TypeError, match=f"poptorch.{wrap.__name__} expects a torch.nn.Module"):
+        wrap(lambda x: x)
+
+
+def test_a_pickled_inference_executor_loads_uncompiled_and_runs_like_eager() -> None:
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    inference = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(2))
+    x = torch.randn(4, 4)
+    before = inference(x)
+    buffer = io.BytesIO()
+    torch.save(inference, buffer)  # PopTorch programs save the wrapper itself
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert loaded is not inference and not loaded.isCompiled()
+    torch.testing.assert_close(loaded(x), model(x))
+    torch.testing.assert_close(loaded(x), before)
+    assert inference.isCompiled()  # saving left the original compiled

@@ -414,6 +414,21 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         """The (frozen) options of this model."""
         return self._options
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What ``pickle`` / ``torch.save`` keep: the model, options and optimizer.
+
+        The executable and the lock are not kept: a loaded executor compiles on its first call
+        (PopTorch pickles its wrapper the same way, without a compiled executable).
+        """
+        state = dict(self.__dict__)
+        del state["_call_lock"]
+        state.update(_executable=None, _is_attached=False, _linked_version=-1, _last_run={})
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._call_lock = threading.RLock()
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_user_model", "_options"):
             raise AttributeError(name)
