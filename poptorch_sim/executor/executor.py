@@ -32,6 +32,7 @@ from ..ops.blocks import uses_begin_block
 from ..optim import SGD
 from ..optim.snapshot import OptimizerSnapshot
 from ..options import Options
+from ..options.session import log_options
 from ..printing import module_repr
 from ..profiling.trace import TraceRecorder
 from ..runtime.dtypes import device_dtype
@@ -183,6 +184,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
 
     def _compile(self, bound: BoundArgs) -> None:
         start = datetime.datetime.now()
+        log_options(self._options.toDict())
         bar = CompilationBar(self._options._show_compilation_progress_bar)
         hooks.run_pre_compile()
         if self._host_sync is not None:
