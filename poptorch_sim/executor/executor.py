@@ -45,6 +45,7 @@ from .eager import EagerProgram
 from .inputs import ArgsParser, BoundArgs, validate_inputs
 from .inspection import InspectionMixin
 from .outputs import OutputCollector
+from .perf import PerfRecord
 from .progress import CompilationBar
 from .replicas import ReplicaBuffers
 from .serialization import SerializationMixin
@@ -97,6 +98,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         self._host_weights_version = 0
         self._linked_version = -1
         self._last_run: dict[str, float] = {}
+        self._perf: PerfRecord | None = None
         self._call_lock = threading.RLock()  # See [Note: calls from several threads]
         self._host_sync = HostSync(model, self) if training else None
         self._snapshot: OptimizerSnapshot | None = None
@@ -163,6 +165,17 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
                 trainer.step if trainer else None,
             )
         self._last_run["output_complete"] = time.perf_counter()
+        self._perf = PerfRecord(
+            start=self._last_run["input"],
+            collected=tuple(collector.times),
+            num_inputs=sum(1 for _ in bound.tensors()),
+            num_outputs=collector.num_outputs,
+            mode=OutputMode(opts.output_mode).name,
+            period=opts.output_return_period,
+            gradient_accumulation=exe.layout.gradient_accumulation,
+            replicas=exe.layout.replicas,
+            synthetic=bool(opts._Popart.options.get("syntheticDataMode", 0)),
+        )
         if trainer is not None:
             self._dirty_host_weights = True
             # The user's optimizer never steps on the host; LR schedulers must not warn.
@@ -424,7 +437,9 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         """
         state = dict(self.__dict__)
         del state["_call_lock"]
-        state.update(_executable=None, _is_attached=False, _linked_version=-1, _last_run={})
+        state.update(
+            _executable=None, _is_attached=False, _linked_version=-1, _last_run={}, _perf=None
+        )
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
