@@ -388,3 +388,24 @@ def test_a_pickled_inference_executor_loads_uncompiled_and_runs_like_eager() -> 
     torch.testing.assert_close(loaded(x), model(x))
     torch.testing.assert_close(loaded(x), before)
     assert inference.isCompiled()  # saving left the original compiled
+
+
+def test_optimizer_state_crosses_the_host_boundary_with_poptorchs_log_lines(caplog) -> None:
+    model = Net()
+    opt = poptorch.optim.Adam(model.parameters(), lr=0.01)
+    training = poptorch.trainingModel(model, optimizer=opt)
+    x, y = _data()
+    with caplog.at_level("INFO", logger="poptorch::python"):
+        training(x, y)
+        state = opt.state_dict()  # the device stepped: read back
+        assert "Writing optimiser state tensors from IPU to host." in caplog.text
+        training.detachFromDevice()
+        edited = copy.deepcopy(state)
+        edited["ipu_state"] = {k: torch.zeros_like(v) for k, v in state["ipu_state"].items()}
+        opt.load_state_dict(edited)
+        caplog.clear()
+        training.attachToDevice()  # a state loaded while detached is written on attach
+        assert "Writing optimiser state tensors from host to IPU memory." in caplog.text
+    opt.host_state_is_dirty = True  # read the device again
+    read = opt.state_dict()["ipu_state"]
+    assert all(not v.any() for v in read.values())

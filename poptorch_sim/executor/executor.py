@@ -319,6 +319,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
     def _attach(self) -> None:
         self._is_attached = True
         self.copyWeightsToDevice()
+        if getattr(self._optimizer, "ipu_state_is_dirty", False):
+            self._connect_optimizer_state()  # a state loaded while detached goes up now
 
     def attachToDevice(self) -> None:
         """Attach again and upload the host weights (and optimizer state)."""

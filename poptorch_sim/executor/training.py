@@ -40,6 +40,7 @@ from ..enums import ConnectionType, ReductionType
 from ..errors import Error
 from ..kernels import FusedOptimizer
 from ..kernels.optim import offload_stats
+from ..logger import logger
 from ..optim.device import (
     apply_hyperparameters,
     device_groups,
@@ -339,6 +340,7 @@ class OptimizerMixin:
 
 def read_state(trainer: DeviceTrainer) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The device optimizer's state and hyper-parameters under PopART's names."""
+    logger.info("Writing optimiser state tensors from IPU to host.")  # PopTorch's line
     return export_state(
         trainer.optimizer,
         trainer.snapshot,
@@ -351,6 +353,7 @@ def write_state(
     trainer: DeviceTrainer, ipu_state: dict[str, torch.Tensor], ipu_param: dict[str, torch.Tensor]
 ) -> None:
     """Load a state read by ``read_state`` (possibly saved from another run) into the device."""
+    logger.info("Writing optimiser state tensors from host to IPU memory.")  # PopTorch's line
     loss_scaling = import_state(
         trainer.optimizer,
         trainer.snapshot,
