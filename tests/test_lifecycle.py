@@ -409,3 +409,17 @@ def test_optimizer_state_crosses_the_host_boundary_with_poptorchs_log_lines(capl
     opt.host_state_is_dirty = True  # read the device again
     read = opt.state_dict()["ipu_state"]
     assert all(not v.any() for v in read.values())
+
+
+def test_each_optimizer_group_written_to_the_device_is_logged_as_poptorch_does(caplog) -> None:
+    model = Net()
+    opt = poptorch.optim.SGD(model.parameters(), lr=0.1)
+    training = poptorch.trainingModel(model, optimizer=opt)
+    with caplog.at_level("DEBUG", logger="poptorch::python"):
+        training(*_data())
+        assert "Updating group 0 optimizer with lr=0.1" in caplog.text
+        for group in opt.param_groups:
+            group["lr"] = 0.05
+        training.setOptimizer(opt)
+        assert "Updating group 0 optimizer with lr=0.05" in caplog.text
+        assert "tensors affected ['lin.weight', 'lin.bias']" in caplog.text

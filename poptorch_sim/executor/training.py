@@ -92,6 +92,7 @@ class DeviceTrainer:
         self.params = params
         self.names = names
         self.param_names = [names[id(p)] for p in params]
+        self._log_groups(snap)
         self._mean_over = micro_batches_per_step if reduction == ReductionType.Mean else 1
         self.fused = not (snap.kind == "rmsprop" and snap.use_tf_variant)
         if self.fused:
@@ -138,6 +139,7 @@ class DeviceTrainer:
         Values imported for single parameters (``load_state_dict``) are replaced by the
         snapshot's, as PopTorch's ``setOptimizer`` writes every value.
         """
+        self._log_groups(snap)
         restore_groups_(self.optimizer, snap)
         if self.fused:
             self.optimizer.set_hyperparameters(
@@ -146,6 +148,15 @@ class DeviceTrainer:
         else:
             apply_hyperparameters(self.optimizer, snap)
         self.snapshot = snap
+
+    def _log_groups(self, snap: OptimizerSnapshot) -> None:
+        """PopTorch's debug line for each group's hyper-parameters written to the device."""
+        for i, group in enumerate(snap.groups):
+            values = ", ".join(f"{k}={v}" for k, v in group.values.items())
+            names = [self.param_names[j] for j in group.params]
+            logger.debug(
+                "Updating group %d optimizer with %s for (tensors affected %s)", i, values, names
+            )
 
     def use_loss_scaling(self, loss_scaling: float) -> None:
         """Scale the loss by ``loss_scaling`` (an imported ``lossScaling_FLOAT``) from now on.
