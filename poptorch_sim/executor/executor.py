@@ -296,6 +296,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         )
         program = EagerProgram(device.model, self._training, buffers, replicated and broadcast)
         program.prepare(first, device.check_unchanged)
+        checks = self._options._Popart.options.get("enableFloatingPointChecks", False)
+        program.fp_checks = bool(checks)
         return program
 
     def isCompiled(self) -> bool:
