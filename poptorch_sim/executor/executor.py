@@ -164,6 +164,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
                 trainer.loss_scaling if trainer else 1.0,
                 trainer.step if trainer else None,
             )
+        if trainer is not None:
+            trainer.finish_run()
         self._last_run["output_complete"] = time.perf_counter()
         self._perf = PerfRecord(
             start=self._last_run["input"],

@@ -53,6 +53,7 @@ from ..optim.replacement import check_update
 from ..optim.snapshot import OptimizerSnapshot, snapshot
 from ..profiling.trace import TraceRecorder
 from ..program import StagedProgram
+from .loss_scaling import FACTOR_NAME, FINAL_NAME, AutomaticLossScaling
 
 __all__ = ["DeviceTrainer"]
 
@@ -83,8 +84,10 @@ class DeviceTrainer:
         off_chip: bool = False,
         reducer: GradientReducer | None = None,
         gradient_accumulation: int = 1,
+        automatic_loss_scaling: AutomaticLossScaling | None = None,
     ) -> None:
         self.snapshot = snap
+        self.als = automatic_loss_scaling
         self.gradient_accumulation = gradient_accumulation
         self.reducer = reducer
         # Mean divides by the global count of micro-batches: GA x replicas x processes.
@@ -120,11 +123,14 @@ class DeviceTrainer:
     @property
     def loss_scaling(self) -> float:
         """The loss scaling of the current snapshot."""
-        return float(self.snapshot.loss_scaling)
+        return float(self.snapshot.loss_scaling) * self._als_factor()
+
+    def _als_factor(self) -> float:
+        return self.als.factor if self.als is not None else 1.0
 
     def _unscale(self, snap: OptimizerSnapshot) -> float:
         # The Mean reduction's division is folded into the kernels' loss-scaling division.
-        return float(snap.loss_scaling) * self._mean_over
+        return float(snap.loss_scaling) * self._als_factor() * self._mean_over
 
     def _fused_groups(self, snap: OptimizerSnapshot) -> list[dict]:
         groups, _ = device_groups(snap, self.params)
@@ -158,6 +164,21 @@ class DeviceTrainer:
                 "Updating group %d optimizer with %s for (tensors affected %s)", i, values, names
             )
 
+    def finish_run(self) -> None:
+        """End of a call: automatic loss scaling's new factor applies from the next one."""
+        if self.als is not None and self.als.finish_run():
+            self._rescale()
+
+    def set_loss_scale_factor(self, factor: float) -> None:
+        """Write automatic loss scaling's ``lossScaleUpdateFactor`` (``ipu_state``)."""
+        if self.als is not None:
+            self.als.factor = float(factor)
+            self._rescale()
+
+    def _rescale(self) -> None:
+        if self.fused:
+            self.optimizer.loss_scaling = self._unscale(self.snapshot)
+
     def use_loss_scaling(self, loss_scaling: float) -> None:
         """Scale the loss by ``loss_scaling`` (an imported ``lossScaling_FLOAT``) from now on.
 
@@ -172,7 +193,7 @@ class DeviceTrainer:
 
         See [Note: per-stage optimizer steps].
         """
-        if not self.fused or self.reducer is not None:
+        if not self.fused or self.reducer is not None or self.als is not None:
             return None
         users: dict[int, set[int]] = {}
         for spec in program.stages:
@@ -204,6 +225,10 @@ class DeviceTrainer:
             if self.trace is not None:
                 name = f"all-reduce over {self.reducer.world_size} processes"
                 self.trace.record(0, name, "step", start, time.perf_counter_ns())
+        if self.als is not None:
+            self.als.observe([p.grad for p in self.params])
+            if FINAL_NAME in self.wanted:
+                self.anchors[FINAL_NAME] = torch.tensor(self.loss_scaling, dtype=torch.float32)
         self._apply(self.params, 0)
         self.steps += 1
         self._record("UpdatedVar___", lambda p: p.detach().clone())
@@ -258,6 +283,9 @@ class DeviceTrainer:
                     self.anchors[name] = value.to("cpu")
 
 
+_ALS_ENABLED = "automaticLossScalingSettings.enabled"
+
+
 def _step_name(before: dict[str, int], after: dict[str, int]) -> str:
     chunks = after["chunks"] - before["chunks"]
     if not chunks:
@@ -286,6 +314,7 @@ class OptimizerMixin:
         names = {id(d): n for n, _, d in device.pairs}
         host_params = [p for g in self._optimizer.param_groups for p in g["params"]]
         offline = self._options.connection_type == ConnectionType.Never
+        popart = self._options._Popart.options
         trainer = DeviceTrainer(
             self._snapshot,
             [host_to_device[id(p)] for p in host_params],
@@ -295,6 +324,9 @@ class OptimizerMixin:
             off_chip=self._options.optimizer_off_chip,
             reducer=None if offline else reducer_for(self._options),  # see _compile
             gradient_accumulation=layout.gradient_accumulation,
+            automatic_loss_scaling=(
+                AutomaticLossScaling(popart) if popart.get(_ALS_ENABLED) else None
+            ),
         )
         trainer.wanted = {v[0] for v in self._options.anchored_tensors.values()}
         return trainer
@@ -352,12 +384,15 @@ class OptimizerMixin:
 def read_state(trainer: DeviceTrainer) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The device optimizer's state and hyper-parameters under PopART's names."""
     logger.info("Writing optimiser state tensors from IPU to host.")  # PopTorch's line
-    return export_state(
+    ipu_state, ipu_param = export_state(
         trainer.optimizer,
         trainer.snapshot,
         trainer.param_names,
         gradient_accumulation=trainer.gradient_accumulation,
     )
+    if trainer.als is not None:
+        ipu_state[FACTOR_NAME] = torch.tensor(trainer.als.factor, dtype=torch.float32)
+    return ipu_state, ipu_param
 
 
 def write_state(
@@ -365,6 +400,9 @@ def write_state(
 ) -> None:
     """Load a state read by ``read_state`` (possibly saved from another run) into the device."""
     logger.info("Writing optimiser state tensors from host to IPU memory.")  # PopTorch's line
+    if FACTOR_NAME in ipu_state:
+        ipu_state = dict(ipu_state)
+        trainer.set_loss_scale_factor(float(ipu_state.pop(FACTOR_NAME)))
     loss_scaling = import_state(
         trainer.optimizer,
         trainer.snapshot,
