@@ -29,6 +29,13 @@ __all__ = [
 MAX_IPUS = 64
 
 
+def _cpp_error(message: str) -> Error:
+    """An error PopTorch raises from its C++ compiler: ``str`` carries its type, as there."""
+    err = Error(f"'poptorch_cpp_error': {message}", type="poptorch_cpp_error")
+    err.message = message
+    return err
+
+
 def pipeline_stages(forward_stages: int, training: bool) -> int:
     """PopTorch's pipeline depth: ``2F - 1`` when training (backward stages), else ``F``."""
     return 2 * forward_stages - 1 if training else forward_stages
@@ -44,7 +51,7 @@ def check_pipeline_depth(forward_stages: int, options: Any, training: bool) -> N
     if training:
         accumulation = options.Training.gradient_accumulation
         if accumulation < depth:
-            raise Error(
+            raise _cpp_error(
                 "poptorch.Options().Training.gradientAccumulation must be greater than or equal "
                 f"to the number of pipeline stages ({depth}) when using "
                 f"poptorch.PipelinedExecution. Please note that a model with {forward_stages} "
@@ -52,7 +59,7 @@ def check_pipeline_depth(forward_stages: int, options: Any, training: bool) -> N
                 f"stages when training. (gradientAccumulation is {accumulation}.)"
             )
     elif options.device_iterations < depth:
-        raise Error(
+        raise _cpp_error(
             "poptorch.Options().deviceIterations must be greater than or equal to the number of "
             f"pipeline stages ({depth}) when using PopTorch.PipelinedExecution. "
             f"(deviceIterations is {options.device_iterations}.)"
@@ -68,7 +75,7 @@ def _round_up_power_of_two(n: int) -> int:
 
 def _check_max(num_ipus: int) -> None:
     if num_ipus > MAX_IPUS:
-        raise Error(
+        raise _cpp_error(
             f"Too many IPUs requested ({num_ipus}). Experiments that need more than "
             f"{MAX_IPUS} IPUs require distributed execution."
         )
@@ -98,7 +105,7 @@ def check_ipu_count(used_ipus: set[int], options: Any) -> int:
         return num_ipus
     reason = ", because PopTorch must reserve a power of 2 or maximum of 64 IPUs per process"
     if not options.auto_round_num_ipus:
-        raise Error(
+        raise _cpp_error(
             f"The model specifies the use of {num_ipus} IPUs, however PopTorch must reserve a "
             f"minimum of {rounded} in order to allow the model to run{reason}. Please "
             "reconfigure your model to use a different number of IPUs or set "
