@@ -166,7 +166,13 @@ def load(raw: dict) -> FileResult:
     return FileResult(**raw, cases=cases)
 
 
-def print_table(results: list[FileResult]) -> None:
+def _order(result: FileResult) -> tuple[int, str]:
+    core = result.file in CORE_FILES
+    return (CORE_FILES.index(result.file) if core else len(CORE_FILES), result.file)
+
+
+def print_table(results: list[FileResult], markdown: bool = False) -> None:
+    results = sorted(results, key=_order)
     head = ["file", "passed", "failed", "skipped", *CLASSES]
     rows = [head]
     for r in results:
@@ -177,6 +183,12 @@ def print_table(results: list[FileResult]) -> None:
         )
     total = ["total"] + [str(sum(int(row[i]) for row in rows[1:])) for i in range(1, len(head))]
     rows.append(total)
+    if markdown:
+        for i, row in enumerate(rows):
+            print("| " + " | ".join(row) + " |")
+            if i == 0:
+                print("|" + "---|" * len(row))
+        return
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
@@ -208,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wall", type=int, default=3600, help="seconds per file")
     parser.add_argument("--out", type=Path, default=Path("poptorch_tests_out"))
     parser.add_argument("--failures", action="store_true", help="list every failure")
+    parser.add_argument("--markdown", action="store_true", help="the table in Markdown")
     parser.add_argument(
         "--show-torch",
         action="store_true",
@@ -232,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [load(x) for x in json.loads(summary.read_text())] if summary.exists() else []
     if args.report:  # classified again: the rules may have changed since the run
         results = [read_report(args.out, r) for r in results]
-        print_table(results)
+        print_table(results, args.markdown)
         if args.failures:
             print_failures(results)
         return 0
