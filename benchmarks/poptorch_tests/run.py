@@ -194,7 +194,18 @@ def print_table(results: list[FileResult], markdown: bool = False) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
 
 
-def print_failures(results: list[FileResult]) -> None:
+def print_failures(results: list[FileResult], markdown: bool = False) -> None:
+    if markdown:  # one row per test function and reason
+        groups: dict[tuple[str, str, str], int] = {}
+        for r in sorted(results, key=_order):
+            for c in r.cases:
+                if c.outcome == "failed":
+                    key = (c.name.split("[")[0], c.cls, c.reason)
+                    groups[key] = groups.get(key, 0) + 1
+        print("| test | cases | class | reason |\n|---|---|---|---|")
+        for (name, cls, reason), n in groups.items():
+            print(f"| `{name}` | {n} | {cls} | {reason.replace('|', '/')} |")
+        return
     for r in results:
         for c in r.cases:
             if c.outcome == "failed":
@@ -247,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         results = [read_report(args.out, r) for r in results]
         print_table(results, args.markdown)
         if args.failures:
-            print_failures(results)
+            print_failures(results, args.markdown)
         return 0
     for file in files:
         results = [x for x in results if x.file != file]
