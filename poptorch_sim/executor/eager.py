@@ -33,6 +33,7 @@ from .fp_checks import FloatingPointChecks
 from .inputs import BoundArgs
 from .losses import LossRecorder, final_loss
 from .outputs import OutputCollector
+from .refusals import PopTorchRefusals
 from .replicas import ReplicaBuffers, buffer_versions, check_buffer_broadcast
 
 __all__ = ["EagerProgram", "LossLocator"]
@@ -88,6 +89,7 @@ class EagerProgram:
                 torch.set_grad_enabled(self.training),
                 prints_suppressed(),
                 recording_blocks(spotter),
+                PopTorchRefusals(),
             ):
                 if self.training:
                     self._first_forward(mb)
