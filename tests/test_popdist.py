@@ -126,6 +126,8 @@ def test_popdist_options_take_the_launchers_share(no_launcher: pytest.MonkeyPatc
     ):
         with pytest.raises(RuntimeError, match="with popdist.poptorch.Options"):
             call()
+    with pytest.raises(RuntimeError, match="Cannot call `Distributed.disable` with"):
+        opts.Distributed.disable()  # PopTorch names the group
     opts._freeze()
     assert opts.toDict()["num_distributed_processes"] == 2
     assert opts._is_frozen
@@ -138,6 +140,11 @@ def test_popdist_options_outside_a_launcher_are_one_process() -> None:
     opts = popdist.poptorch.Options()
     assert (opts.replication_factor, opts.Distributed.processId) == (1, 0)
     assert opts.Distributed.numProcesses == 1
+    # No launcher has chosen the IPUs per replica: the program's value is taken.
+    two = popdist.poptorch.Options(ipus_per_replica=2)
+    assert two._ipus_per_replica == 2 and two.Distributed.numProcesses == 1
+    with pytest.raises(RuntimeError, match="with popdist.poptorch.Options"):
+        two.replicationFactor(1)
     assert popdist.execute_on_instances({0}, lambda a, b: a + b, 2, b=3) == 5
     with pytest.raises(ValueError, match=r"instances \[1\] are not in \[0, 1\)"):
         popdist.execute_on_instances({1}, print)
