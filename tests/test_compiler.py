@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import poptorch_sim
 import poptorch_sim.ops.loss as loss_ops
 from poptorch_sim.compiler import (
     TraceFailure,
@@ -634,6 +635,10 @@ def test_ipu_count_is_checked_before_the_pipeline_depth_and_not_rounded_offline(
     assert caught.value.type == "poptorch_cpp_error"
     offline = _options(di=3, auto_round=False).useOfflineIpuTarget()
     assert compile_program(model, offline, (x,), {}, False).meta["num_ipus"] == 3
+    replicas = poptorch_sim.Options().replicationFactor(128)
+    model_128 = poptorch_sim.inferenceModel(nn.Linear(3, 3), replicas)
+    with pytest.raises(Error, match=r"Too many IPUs requested \(128\)"):  # before the machine
+        model_128(torch.randn(128, 3))
     far = Chain([("A", 0), ("B", 200)])
     with pytest.raises(Error, match=r"Too many IPUs requested \(201\)"):
         compile_program(far, _options(di=1), (x,), {}, False)

@@ -21,6 +21,7 @@ from ..options.strategies import Placement, _IExecutionStrategy
 __all__ = [
     "check_pipeline_depth",
     "check_ipu_count",
+    "check_max_ipus",
     "check_phases",
     "pipeline_stages",
     "MAX_IPUS",
@@ -73,7 +74,8 @@ def _round_up_power_of_two(n: int) -> int:
     return rounded
 
 
-def _check_max(num_ipus: int) -> None:
+def check_max_ipus(num_ipus: int) -> None:
+    """PopTorch's limit of 64 IPUs per process (checked before any device is acquired)."""
     if num_ipus > MAX_IPUS:
         raise _cpp_error(
             f"Too many IPUs requested ({num_ipus}). Experiments that need more than "
@@ -98,7 +100,7 @@ def check_ipu_count(used_ipus: set[int], options: Any) -> int:
     """
     used = used_ipus or {0}
     num_ipus = max(len(used), max(used) + 1) * options.replication_factor
-    _check_max(num_ipus)
+    check_max_ipus(num_ipus)
     rounded = _round_up_power_of_two(num_ipus)
     # An offline target is made with exactly the IPUs the model uses: nothing is reserved.
     if rounded == num_ipus or options.connection_type == ConnectionType.Never:
@@ -119,7 +121,7 @@ def check_ipu_count(used_ipus: set[int], options: Any) -> int:
         reason,
         rounded - num_ipus,
     )
-    _check_max(rounded)
+    check_max_ipus(rounded)
     return rounded
 
 

@@ -22,6 +22,7 @@ from .. import env
 from ..compiler import TraceFailure
 from ..compiler.overlap import check_overlapped_io, num_io_tiles
 from ..compiler.sharding import sharding_of
+from ..compiler.verify import check_max_ipus
 from ..distributed import synchronize_weights
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
@@ -487,6 +488,7 @@ def _acquire(needed: int) -> None:
     With ``POPTORCH_SIM_NUM_IPUS=0`` (no hardware) models run as on PopTorch's IPU Model, which
     has no such limit.
     """
+    check_max_ipus(needed)  # PopTorch's per-process limit comes before the machine's size
     available = env.num_ipus()
     if 0 < available < needed:
         raise Error(
