@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     # Results of earlier runs into the same folder are kept; a file run again replaces its own.
     results = [load(x) for x in json.loads(summary.read_text())] if summary.exists() else []
     if args.report:  # classified again: the rules may have changed since the run
-        results = [read_report(args.out, r) for r in results]
+        chosen = set(args.files) if args.files else None
+        results = [read_report(args.out, r) for r in results if chosen is None or r.file in chosen]
         print_table(results, args.markdown)
         if args.failures:
             print_failures(results, args.markdown)
