@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print the table of --out's summary.json; run nothing",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     if args.show_torch:
         show_torch()
         return 0
