@@ -423,3 +423,26 @@ def test_each_optimizer_group_written_to_the_device_is_logged_as_poptorch_does(c
         training.setOptimizer(opt)
         assert "Updating group 0 optimizer with lr=0.05" in caplog.text
         assert "tensors affected ['lin.weight', 'lin.bias']" in caplog.text
+
+
+class _ModeNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None):
+        out = self.lin(x)
+        return (out, nn.functional.cross_entropy(out, y)) if self.training else out
+
+
+def test_inference_model_is_a_shallow_copy_that_eval_and_export_keep(tmp_path) -> None:
+    user = _ModeNet()
+    inference = poptorch.inferenceModel(user)
+    assert inference.model is not user and inference.model.lin is user.lin
+    inference.model.eval()  # PopTorch programs switch the inference copy only
+    assert user.training
+    x = torch.randn(2, 4)
+    path = str(tmp_path / "valid.poptorch")
+    inference.compileAndExport(path, x)
+    loaded = poptorch.load(path)
+    torch.testing.assert_close(loaded(x), user.eval()(x))

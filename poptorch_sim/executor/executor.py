@@ -428,8 +428,10 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
     # -- passthrough ----------------------------------------------------------------------------
     @property
     def model(self) -> nn.Module:
-        """The wrapped user model."""
-        return self._user_model
+        """The wrapped model: the user's for training; for inference, PopTorch's shallow copy
+        of it, so ``inference.model.eval()`` leaves the user's model (and its training
+        wrapper) in training mode. See [Note: what the device copies]."""
+        return self._user_model if self._training else self._model_snapshot
 
     @property
     def options(self) -> Options:
