@@ -56,6 +56,8 @@ RULES: list[tuple[str, str, str]] = [
      "expects Poplar executables in the executable cache (compiling is instant here)"),
     ("hardware", r"test_profile_report|test_export_proto_file",
      "expects PopART's profile / ONNX proto files on disk"),
+    ("hardware", r"No module named 'pva'|No module named 'libpvti'",
+     "reads a PopVision profile (pva / libpvti from the Poplar SDK)"),
     ("hardware", r"custom_ops\.so|custom_cube_op|libcustom|cmake",
      "builds a custom op against the Poplar SDK"),
     ("hardware", r"urlopen|URLError|HTTPError|Name or service not known",
