@@ -446,3 +446,21 @@ def test_inference_model_is_a_shallow_copy_that_eval_and_export_keep(tmp_path) -
     inference.compileAndExport(path, x)
     loaded = poptorch.load(path)
     torch.testing.assert_close(loaded(x), user.eval()(x))
+
+
+class _Draw(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x + 0).normal_()
+
+
+def test_models_with_one_random_seed_draw_the_same_numbers(caplog) -> None:
+    opts = poptorch.Options().randomSeed(42)
+    with caplog.at_level("DEBUG", logger="poptorch::python"):
+        first = poptorch.inferenceModel(_Draw(), opts)(torch.empty(2, 2))
+        assert "Setting random seed to: 42" in caplog.text
+    second = poptorch.inferenceModel(_Draw(), opts)(torch.empty(2, 2))
+    torch.testing.assert_close(first, second)
+    torch.manual_seed(42)
+    torch.testing.assert_close(first, torch.empty(2, 2).normal_())  # the device RNG is torch's
+    unseeded = poptorch.inferenceModel(_Draw())
+    assert not torch.equal(unseeded(torch.empty(2, 2)), unseeded(torch.empty(2, 2)))

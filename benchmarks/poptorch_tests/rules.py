@@ -80,9 +80,9 @@ RULES: list[tuple[str, str, str]] = [
      r"cache file locked", "reads a PopTorch C++ log line (IPU model, executable cache)"),
     ("log/IR", r"popart:\w+ \\d|popart:devicex|popart:ir|layer: layer:",
      "reads PopART's own log"),
-    ("log/IR", r"Setting random seed to|Reading random seed",
-     "reads PopART's 'Setting random seed to' / 'Reading random seed': the device RNG is "
-     "torch's here, no seed is read or written on save and load"),
+    ("log/IR", r"Reading random seed|Reading RNG state",
+     "reads PopART's 'Reading random seed' on save: the device RNG is torch's here, there is no "
+     "device seed to read back"),
     ("log/IR", r"lossScaling=\d|defaultVelocityScaling", "reads PopART's optimizer log"),
     ("log/IR", r"unexpected optimizer attribute|unexpected group \\d attribute",
      "expects the 'Ignoring unexpected ...' warning for initial_lr / step set after compiling; "

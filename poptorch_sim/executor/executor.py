@@ -100,6 +100,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         self._linked_version = -1
         self._last_run: dict[str, float] = {}
         self._perf: PerfRecord | None = None
+        self._seed_pending = False  # randomSeed: seed the device RNG at the next attach
         self._call_lock = threading.RLock()  # See [Note: calls from several threads]
         self._host_sync = HostSync(model, self) if training else None
         self._snapshot: OptimizerSnapshot | None = None
@@ -236,6 +237,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         if overlapped or (marked and num_io_tiles(self._options) > 0):
             io = self._io_tiles(program, overlapped)
         self._executable = _Executable(bound, layout, device, program, trainer, io)
+        self._seed_pending = self._options.exists("random_seed")
         self._connect_optimizer_state()
         hooks.run_post_compile()
         bar.finish()
@@ -324,6 +326,13 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
     def _attach(self) -> None:
         self._is_attached = True
         self.copyWeightsToDevice()
+        if self._seed_pending:
+            # PopTorch seeds the device RNG when it loads an executable; the device RNG here
+            # is torch's, so two models with one randomSeed draw the same numbers.
+            self._seed_pending = False
+            seed = self._options.random_seed
+            logger.debug("Setting random seed to: %d", seed)
+            torch.manual_seed(seed)
         if getattr(self._optimizer, "ipu_state_is_dirty", False):
             self._connect_optimizer_state()  # a state loaded while detached goes up now
 
