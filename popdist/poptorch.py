@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 import poptorch_sim
-from poptorch_sim.distributed import current_instance
+from poptorch_sim.distributed import current_instance, launched
 from poptorch_sim.options.groups import _DistributedOptions
 
 __all__ = ["Options"]
@@ -19,13 +19,13 @@ class _PopdistDistributedOptions(_DistributedOptions):
     """``opts.Distributed`` of a ``popdist.poptorch.Options``: fixed by the launcher."""
 
     def disable(self) -> NoReturn:  # type: ignore[override]  # noqa: D102
-        _refuse("disable")
+        _refuse("Distributed.disable")
 
     def setEnvVarNames(self, *args: Any) -> NoReturn:  # type: ignore[override]  # noqa: D102
-        _refuse("setEnvVarNames")
+        _refuse("Distributed.setEnvVarNames")
 
     def configureProcessId(self, *args: Any) -> NoReturn:  # type: ignore[override]  # noqa: D102
-        _refuse("configureProcessId")
+        _refuse("Distributed.configureProcessId")
 
 
 class Options(poptorch_sim.Options):
@@ -40,7 +40,8 @@ class Options(poptorch_sim.Options):
             ``--ipus-per-replica``).
 
     Raises:
-        RuntimeError: ``ipus_per_replica`` differs from the launcher's ``--ipus-per-replica``.
+        RuntimeError: ``ipus_per_replica`` differs from the launcher's ``--ipus-per-replica``
+            (without a launcher, any value is taken).
 
     >>> opts = Options()
     >>> opts.replication_factor, opts.Distributed.numProcesses
@@ -50,7 +51,9 @@ class Options(poptorch_sim.Options):
     def __init__(self, ipus_per_replica: int | None = None) -> None:
         super().__init__()
         instance = current_instance()
-        if ipus_per_replica is not None and ipus_per_replica != instance.ipus_per_replica:
+        # Without a launcher nothing has chosen the IPUs per replica yet: the program does.
+        mismatch = ipus_per_replica is not None and ipus_per_replica != instance.ipus_per_replica
+        if mismatch and launched():
             raise RuntimeError(
                 f"popdist.poptorch.Options(ipus_per_replica={ipus_per_replica}) but the launcher "
                 f"set {instance.ipus_per_replica} IPUs per replica (--ipus-per-replica)"
@@ -58,7 +61,11 @@ class Options(poptorch_sim.Options):
         self.set(replication_factor=instance.local_replicas)
         self.Distributed.configureProcessId(instance.index, instance.count)
         object.__setattr__(self.Distributed, "__class__", _PopdistDistributedOptions)
-        self._ipus_per_replica = instance.ipus_per_replica
+        self._ipus_per_replica = (
+            instance.ipus_per_replica
+            if ipus_per_replica is None or launched()
+            else ipus_per_replica
+        )
 
     def replicationFactor(self, replication_factor: int) -> NoReturn:  # type: ignore[override]
         """Refused: the launcher sets the local replication factor."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import (
     _impl,
+    _logging,
     enums,
     ops,
     optim,
@@ -15,7 +16,7 @@ from . import (
     poptorch_core,
     profiling,
     testing,
-)  # _impl: PopTorch programs reach poptorch._impl
+)  # _impl, _logging: PopTorch programs and tests reach poptorch._impl / ._logging
 from .compiler.sharding import Sharder, list_nodes
 from .data import AsynchronousDataAccessor, DataLoader
 from .enums import (

@@ -93,7 +93,14 @@ def _throwTestError(kind: TestErrorType) -> None:
 
 
 def _validateOptions(options: dict[str, Any]) -> None:
-    """Accept any PopART option: simulation has no session to validate them against."""
+    """Check ``Options.toDict()`` as PopTorch's compiler does (see ``options/session.py``).
+
+    Raises:
+        poptorch.Error: ``Unknown <kind> option <name>`` / ``Unknown value type ... for option``.
+    """
+    from .options.session import validate_options
+
+    validate_options(options)
 
 
 def isCompilingWithDispatcher() -> bool:

@@ -128,6 +128,18 @@ def test_begin_block_wraps_plain_callables():
     assert recorder.events == ["begin F 1"]
 
 
+@pytest.mark.parametrize("ipu_id", [-1, 1.5, True], ids=["negative", "float", "bool"])
+def test_every_annotation_refuses_an_ipu_id_that_is_not_an_index(ipu_id):
+    for where, make in [
+        ("BeginBlock", lambda: BeginBlock(nn.Linear(2, 2), "B", ipu_id=ipu_id)),
+        ("Block", lambda: Block("B", ipu_id=ipu_id)),
+        ("Block.start", lambda: Block.start("B", ipu_id=ipu_id)),
+        ("BlockFunction", lambda: BlockFunction("B", ipu_id=ipu_id)),
+    ]:
+        with pytest.raises(AssertionError, match=f"{where} expects ipu_id .* got {ipu_id!r}"):
+            make()
+
+
 def test_begin_block_rejects_non_callables():
     with pytest.raises(Error, match="module is not an instance of torch.nn.Module or function."):
         BeginBlock(42)  # type: ignore[arg-type]

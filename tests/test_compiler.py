@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import poptorch_sim
 import poptorch_sim.ops.loss as loss_ops
 from poptorch_sim.compiler import (
     TraceFailure,
@@ -619,6 +620,28 @@ def test_ipu_count_rules():
     big = _options(di=3, replicas=32)
     with pytest.raises(Error, match=r"Too many IPUs requested \(96\). Experiments that need more"):
         compile_program(model, big, (x,), {}, False)
+
+
+def test_ipu_count_is_checked_before_the_pipeline_depth_and_not_rounded_offline():
+    model = Chain([("A", 0), ("B", 1), ("C", 2)])
+    x = torch.randn(2, 3)
+    # Three stages with deviceIterations 1 is also too shallow: PopTorch acquires the device
+    # (and rounds its IPU count) first, so the IPU count is what it reports.
+    with pytest.raises(Error, match="The model specifies the use of 3 IPUs") as caught:
+        compile_program(model, _options(di=1, auto_round=False), (x,), {}, False)
+    # Raised by PopTorch's C++ compiler: the type is part of the text, not of .message.
+    assert str(caught.value).startswith("'poptorch_cpp_error': The model specifies")
+    assert caught.value.message.startswith("The model specifies")
+    assert caught.value.type == "poptorch_cpp_error"
+    offline = _options(di=3, auto_round=False).useOfflineIpuTarget()
+    assert compile_program(model, offline, (x,), {}, False).meta["num_ipus"] == 3
+    replicas = poptorch_sim.Options().replicationFactor(128)
+    model_128 = poptorch_sim.inferenceModel(nn.Linear(3, 3), replicas)
+    with pytest.raises(Error, match=r"Too many IPUs requested \(128\)"):  # before the machine
+        model_128(torch.randn(128, 3))
+    far = Chain([("A", 0), ("B", 200)])
+    with pytest.raises(Error, match=r"Too many IPUs requested \(201\)"):
+        compile_program(far, _options(di=1), (x,), {}, False)
 
 
 def test_parallel_phases_parity():

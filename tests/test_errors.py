@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -199,6 +202,14 @@ def test_is_compiling_with_dispatcher_only_inside_a_capture() -> None:
     assert not isCompilingWithDispatcher()
 
 
+def test_private_logging_module_is_an_attribute_after_import_poptorch() -> None:
+    # PopTorch's test helpers call poptorch._logging.setPopartLogLevel after a bare
+    # `import poptorch`; a fresh interpreter shows whether the package imports it itself.
+    code = "import poptorch; poptorch._logging.setPopartLogLevel('INFO'); print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
 def test_set_popart_log_level() -> None:
     from poptorch_sim import _logging
     from poptorch_sim.logger import popart_log_level
@@ -234,3 +245,59 @@ def test_more_ipus_than_simulated(monkeypatch: pytest.MonkeyPatch) -> None:
         model(torch.randn(4, 2))
     monkeypatch.setenv("POPTORCH_SIM_NUM_IPUS", "0")  # no hardware: the IPU Model has no limit
     assert poptorch.inferenceModel(nn.Linear(2, 2), opts)(torch.randn(4, 2)).shape == (4, 2)
+
+
+class _Call(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+_REFUSED = {
+    "one_hot-no-classes": (
+        lambda x: torch.nn.functional.one_hot(x),
+        torch.tensor([1, 3]),
+        "OneHot num classes must be specified and must be constant.",
+    ),
+    "bincount-no-minlength": (
+        torch.bincount,
+        torch.tensor([1, 3]),
+        "Bincount `minlength` must be specified and must be a constant.",
+    ),
+    "upsample-linear": (
+        nn.Upsample(scale_factor=2, mode="linear"),
+        torch.randn(1, 2, 3),
+        r"Unsupported upsample mode aten::upsample_linear1d: currently only 'nearest'",
+    ),
+    "upsample-trilinear": (
+        nn.Upsample(scale_factor=2, mode="trilinear"),
+        torch.randn(1, 1, 2, 2, 2),
+        r"aten::upsample_trilinear3d: currently only 'nearest' is supported",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_REFUSED))
+def test_ops_poptorch_cannot_compile_are_refused_at_compile(case) -> None:
+    fn, x, message = _REFUSED[case]
+    model = poptorch.inferenceModel(_Call(fn))
+    with pytest.raises(poptorch.Error, match=message):
+        model.compile(x)
+
+
+@pytest.mark.parametrize(
+    "fn, x",
+    [
+        (lambda x: torch.nn.functional.one_hot(x, num_classes=5), torch.tensor([1, 3])),
+        (lambda x: torch.bincount(x, minlength=5), torch.tensor([1, 3, 3])),
+        (nn.Upsample(scale_factor=2, mode="nearest"), torch.randn(1, 2, 3)),
+    ],
+    ids=["one_hot", "bincount", "nearest"],
+)
+def test_the_static_forms_of_those_ops_run_as_eager(fn, x) -> None:
+    out, expected = poptorch.inferenceModel(_Call(fn))(x), fn(x)
+    # int64 results come back as int32, as from an IPU.
+    torch.testing.assert_close(out.to(expected.dtype), expected)

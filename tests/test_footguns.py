@@ -249,3 +249,22 @@ def test_recomputation_checkpoints_do_not_change_the_memory_estimate() -> None:
         return acts
 
     assert compiled(True) == compiled(False)
+
+
+def test_floating_point_exceptions_check_the_forward_pass_only() -> None:
+    # sqrt's gradient at 0 is inf: an IPU would trap in the backward pass; only the forward
+    # pass is checked here (see poptorch_sim/executor/fp_checks.py).
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return poptorch.identity_loss(torch.sqrt(self.w * x).sum(), reduction="none")
+
+    opts = poptorch.Options()
+    opts.Precision.enableFloatingPointExceptions(True)
+    model = Net()
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    training(torch.ones(1, 2))  # no error
+    assert not torch.isfinite(model.w).all()  # the update was inf / NaN

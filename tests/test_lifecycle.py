@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import io
 
 import pytest
 import torch
@@ -366,3 +367,100 @@ def test_repr_shows_begin_block_assignments() -> None:
     module = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
     module[1] = poptorch.BeginBlock(module[1], "B2", ipu_id=1)
     assert "BeginBlock(user_id=B2, ipu_id=1)" in repr(poptorch.inferenceModel(module))
+
+
+@pytest.mark.parametrize("wrap", [poptorch.inferenceModel, poptorch.trainingModel])
+def test_wrapping_something_that_is_not_a_module_says_so(wrap) -> None:
+    with pytest.raises(TypeError, match=f"poptorch.{wrap.__name__} expects a torch.nn.Module"):
+        wrap(lambda x: x)
+
+
+def test_a_pickled_inference_executor_loads_uncompiled_and_runs_like_eager() -> None:
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    inference = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(2))
+    x = torch.randn(4, 4)
+    before = inference(x)
+    buffer = io.BytesIO()
+    torch.save(inference, buffer)  # PopTorch programs save the wrapper itself
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert loaded is not inference and not loaded.isCompiled()
+    torch.testing.assert_close(loaded(x), model(x))
+    torch.testing.assert_close(loaded(x), before)
+    assert inference.isCompiled()  # saving left the original compiled
+
+
+def test_optimizer_state_crosses_the_host_boundary_with_poptorchs_log_lines(caplog) -> None:
+    model = Net()
+    opt = poptorch.optim.Adam(model.parameters(), lr=0.01)
+    training = poptorch.trainingModel(model, optimizer=opt)
+    x, y = _data()
+    with caplog.at_level("INFO", logger="poptorch::python"):
+        training(x, y)
+        state = opt.state_dict()  # the device stepped: read back
+        assert "Writing optimiser state tensors from IPU to host." in caplog.text
+        training.detachFromDevice()
+        edited = copy.deepcopy(state)
+        edited["ipu_state"] = {k: torch.zeros_like(v) for k, v in state["ipu_state"].items()}
+        opt.load_state_dict(edited)
+        caplog.clear()
+        training.attachToDevice()  # a state loaded while detached is written on attach
+        assert "Writing optimiser state tensors from host to IPU memory." in caplog.text
+    opt.host_state_is_dirty = True  # read the device again
+    read = opt.state_dict()["ipu_state"]
+    assert all(not v.any() for v in read.values())
+
+
+def test_each_optimizer_group_written_to_the_device_is_logged_as_poptorch_does(caplog) -> None:
+    model = Net()
+    opt = poptorch.optim.SGD(model.parameters(), lr=0.1)
+    training = poptorch.trainingModel(model, optimizer=opt)
+    with caplog.at_level("DEBUG", logger="poptorch::python"):
+        training(*_data())
+        assert "Updating group 0 optimizer with lr=0.1" in caplog.text
+        for group in opt.param_groups:
+            group["lr"] = 0.05
+        training.setOptimizer(opt)
+        assert "Updating group 0 optimizer with lr=0.05" in caplog.text
+        assert "tensors affected ['lin.weight', 'lin.bias']" in caplog.text
+
+
+class _ModeNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None):
+        out = self.lin(x)
+        return (out, nn.functional.cross_entropy(out, y)) if self.training else out
+
+
+def test_inference_model_is_a_shallow_copy_that_eval_and_export_keep(tmp_path) -> None:
+    user = _ModeNet()
+    inference = poptorch.inferenceModel(user)
+    assert inference.model is not user and inference.model.lin is user.lin
+    inference.model.eval()  # PopTorch programs switch the inference copy only
+    assert user.training
+    x = torch.randn(2, 4)
+    path = str(tmp_path / "valid.poptorch")
+    inference.compileAndExport(path, x)
+    loaded = poptorch.load(path)
+    torch.testing.assert_close(loaded(x), user.eval()(x))
+
+
+class _Draw(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x + 0).normal_()
+
+
+def test_models_with_one_random_seed_draw_the_same_numbers(caplog) -> None:
+    opts = poptorch.Options().randomSeed(42)
+    with caplog.at_level("DEBUG", logger="poptorch::python"):
+        first = poptorch.inferenceModel(_Draw(), opts)(torch.empty(2, 2))
+        assert "Setting random seed to: 42" in caplog.text
+    second = poptorch.inferenceModel(_Draw(), opts)(torch.empty(2, 2))
+    torch.testing.assert_close(first, second)
+    torch.manual_seed(42)
+    torch.testing.assert_close(first, torch.empty(2, 2).normal_())  # the device RNG is torch's
+    unseeded = poptorch.inferenceModel(_Draw())
+    assert not torch.equal(unseeded(torch.empty(2, 2)), unseeded(torch.empty(2, 2)))

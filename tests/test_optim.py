@@ -13,9 +13,11 @@ import torch
 from torch.testing import assert_close
 
 from poptorch_sim.errors import Error
+from poptorch_sim.kernels.fused_optimizer import FusedOptimizer
 from poptorch_sim.optim import LAMB, SGD, Adam, AdamW, Optimizer, RMSprop, VariableAttributes
 from poptorch_sim.optim.device import (
     apply_hyperparameters,
+    device_groups,
     device_optimizer,
     prepare_gradients_,
     restore_groups_,
@@ -910,6 +912,35 @@ def test_import_partial_state_and_hyperparameters(caplog):
     assert_close(param["beta1___specific___0.weight"], torch.tensor(0.9))
     assert_close(param["beta2___specific___0.bias"], torch.tensor(0.999))
     import_state(device, snap, _names(model), None, None)  # nothing to write
+
+
+def test_state_written_before_the_first_step_is_the_one_it_uses():
+    # Only some parameters' state is written (as after ``write_ipu_state`` of a partial
+    # dict), and the step count arrives as a number: the first device step must run and
+    # continue from the written moments and step count, as eager Adam does.
+    model = _model()
+    snap = snapshot(Adam(model.parameters(), lr=0.01))
+    params = _clone_params(model)
+    device = FusedOptimizer("adam", device_groups(snap, params)[0])  # the runtime's optimizer
+    names = _names(model)
+    written = {
+        "Accl1___0.bias": torch.full((3,), 0.5),
+        "Accl2___0.bias": torch.full((3,), 0.25),
+        "Step___0.bias": torch.tensor(3.0),
+    }
+    import_state(device, snap, names, written, {"learningRate___specific___2.bias": 0.02})
+    assert len(device.param_groups) == 2  # 2.bias got its own group
+    eager_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    eager = torch.optim.Adam(eager_params[:3], lr=0.01)
+    eager.add_param_group({"params": eager_params[3:], "lr": 0.02})
+    eager.state[eager_params[1]] = {
+        "step": torch.tensor(3.0),
+        "exp_avg": torch.full((3,), 0.5),
+        "exp_avg_sq": torch.full((3,), 0.25),
+    }
+    _step_both(device, params, eager, eager_params)
+    assert_close(params, eager_params)
+    assert_close(export_state(device, snap, names)[0]["Step___0.bias"], torch.tensor(5.0))
 
 
 SPECIFIC_CASES = [

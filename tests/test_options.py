@@ -64,6 +64,13 @@ def test_tensor_locations_store_ints() -> None:
         ),
         (lambda o: o.outputMode(poptorch.OutputMode.EveryN), AssertionError, "return period"),
         (lambda o: o.setAvailableMemoryProportion({"0": 0.5}), AssertionError, "IPU0"),
+        (
+            lambda o: o.setAvailableMemoryProportion({"IPU0": 2.0}),
+            ValueError,
+            r"IPU0 must be a number in \(0, 1\], got 2.0",
+        ),
+        (lambda o: o.setAvailableMemoryProportion({"IPU0": 0.0}), ValueError, "got 0.0"),
+        (lambda o: o.setAvailableMemoryProportion({"IPUx": 0.5}), ValueError, "'IPUx'"),
         (lambda o: o.Precision.setPartialsType(torch.int8), ValueError, "setPartialsType"),
         (lambda o: o.Jit.traceModel(True), ValueError, "no longer supported"),
         (lambda o: o.set(not_an_option=1), AssertionError, "Invalid option not_an_option"),
@@ -78,6 +85,9 @@ def test_tensor_locations_store_ints() -> None:
         "NoReduction",
         "EveryN-no-period",
         "memory-key",
+        "memory-above-1",
+        "memory-zero",
+        "memory-index",
         "partials",
         "jit",
         "unknown",
@@ -149,3 +159,45 @@ def test_option_without_effect_is_stored_and_logged(capfd: pytest.CaptureFixture
         poptorch.setLogLevel("WARN")
     assert opts._Popart.options["syntheticDataMode"] == 2
     assert "no effect in simulation" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("asdfasdf", True, "Unknown bool option asdfasdf"),
+        ("asdfasdf", 3, "Unknown uint64 option asdfasdf"),
+        ("dotChecks", torch.empty(1, 1), "Unknown value type Tensor for option dotChecks"),
+    ],
+    ids=["unknown-bool", "unknown-uint64", "tensor-value"],
+)
+def test_validate_options_refuses_what_poptorchs_compiler_would(key, value, match) -> None:
+    opts = poptorch.Options()
+    poptorch.poptorch_core._validateOptions(opts.toDict())  # the defaults are all known
+    opts._Popart.set(key, value)
+    with pytest.raises(poptorch.Error, match=match):
+        poptorch.poptorch_core._validateOptions(opts.toDict())
+
+
+def test_compiling_logs_each_option_set_as_poptorch_does(caplog) -> None:
+    opts = poptorch.Options().deviceIterations(2).replicationFactor(1)
+    opts.setExecutionStrategy(poptorch.ShardedExecution())
+    opts.enableSyntheticData(True)
+    opts.Precision.setPartialsType(torch.half)
+    opts._Popart.set("engineOptions", {"debug.allowOutOfMemory": "true"})
+    opts._Popart.set("notAnOption", 1)  # stored without effect, and not logged
+    model = poptorch.inferenceModel(torch.nn.Linear(2, 2), opts)
+    with caplog.at_level("DEBUG", logger="poptorch::python"):
+        model(torch.ones(2, 2))
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "DEBUG"]
+    for expected in [
+        "poptorch.Options set device_iterations to value 2",
+        "poptorch.Options set replication_factor to value 1",
+        "poptorch.Options set execution_mode to value 1",
+        "poptorch.Options set syntheticDataMode to value 2",
+        "poptorch.Options set partialsTypeMatMuls to value half",
+        "poptorch.Options set convolutionOptions[partialsType] to half",
+        "poptorch.Options set engineOptions[debug.allowOutOfMemory] to true",
+        "poptorch.Options set broadcast_buffers to value true",
+    ]:
+        assert expected in lines
+    assert not any("notAnOption" in line for line in lines)

@@ -126,6 +126,8 @@ def test_popdist_options_take_the_launchers_share(no_launcher: pytest.MonkeyPatc
     ):
         with pytest.raises(RuntimeError, match="with popdist.poptorch.Options"):
             call()
+    with pytest.raises(RuntimeError, match="Cannot call `Distributed.disable` with"):
+        opts.Distributed.disable()  # PopTorch names the group
     opts._freeze()
     assert opts.toDict()["num_distributed_processes"] == 2
     assert opts._is_frozen
@@ -138,6 +140,11 @@ def test_popdist_options_outside_a_launcher_are_one_process() -> None:
     opts = popdist.poptorch.Options()
     assert (opts.replication_factor, opts.Distributed.processId) == (1, 0)
     assert opts.Distributed.numProcesses == 1
+    # No launcher has chosen the IPUs per replica: the program's value is taken.
+    two = popdist.poptorch.Options(ipus_per_replica=2)
+    assert two._ipus_per_replica == 2 and two.Distributed.numProcesses == 1
+    with pytest.raises(RuntimeError, match="with popdist.poptorch.Options"):
+        two.replicationFactor(1)
     assert popdist.execute_on_instances({0}, lambda a, b: a + b, 2, b=3) == 5
     with pytest.raises(ValueError, match=r"instances \[1\] are not in \[0, 1\)"):
         popdist.execute_on_instances({1}, print)
@@ -311,3 +318,30 @@ def test_step_reduces_over_processes_and_mean_divides_by_global_replicas(
     train_reference(eager, torch.optim.SGD(eager.parameters(), lr=lr), (x, y), 1, 4, 2,
                     mean=reduction == "Mean")  # fmt: skip
     torch.testing.assert_close(net.state_dict(), eager.state_dict())
+
+
+class _WithLoss(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.lin(x)
+        return out, poptorch.identity_loss(out.square().sum(), reduction="none")
+
+
+def test_offline_compile_of_one_process_of_several_joins_no_group(
+    no_launcher: pytest.MonkeyPatch,
+) -> None:
+    # Each process compiles its offline executable alone (no MASTER_ADDR, no peers); the
+    # process group is only needed by an executable that runs.
+    opts = poptorch.Options().useOfflineIpuTarget().deviceIterations(2)
+    opts.Distributed.configureProcessId(3, 6)
+    model = _WithLoss()
+    before = [p.detach().clone() for p in model.parameters()]
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    training.compile(torch.randn(2, 4))
+    assert not torch.distributed.is_initialized()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(AssertionError, match="offline device"):
+        training(torch.randn(2, 4))

@@ -86,3 +86,47 @@ def test_a_layer_with_its_own_forward_is_left_alone() -> None:
     model = poptorch.inferenceModel(Scaled(3, 3))
     with pytest.raises(RuntimeError, match="must have the same dtype"):
         model(torch.randn(2, 3).half())
+
+
+_TRAPS = {
+    "div-by-zero": (lambda x: x / torch.zeros_like(x), torch.ones(3)),
+    "zero-times-inf": (lambda x: x * torch.full_like(x, float("inf")), torch.zeros(3)),
+    "sqrt-negative": (torch.sqrt, -torch.ones(3)),
+    "nan-operand": (lambda x: x > torch.full_like(x, float("nan")), torch.ones(3)),
+    "overflow": (torch.exp, torch.full((3,), 3800.0)),
+}
+
+
+class _Apply(torch.nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+@pytest.mark.parametrize("case", list(_TRAPS))
+def test_floating_point_exceptions_stop_the_run_only_when_enabled(case) -> None:
+    fn, x = _TRAPS[case]
+    expected = fn(x)  # eager torch: no trap, an inf / NaN / False result
+    plain = poptorch.inferenceModel(_Apply(fn))
+    torch.testing.assert_close(plain(x), expected, equal_nan=True)
+    opts = poptorch.Options()
+    opts.Precision.enableFloatingPointExceptions(True)
+    trapping = poptorch.inferenceModel(_Apply(fn), opts)
+    with pytest.raises(poptorch.Error, match="Floating-point exception in aten::"):
+        trapping(x)
+
+
+def test_floating_point_exceptions_leave_finite_models_as_eager() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softmax(-1))
+    model.eval()
+    x = torch.randn(2, 4)
+    opts = poptorch.Options()
+    opts.Precision.enableFloatingPointExceptions(True)
+    masked = x.masked_fill(x > 0, float("-inf"))  # an inf input is not an exception
+    torch.testing.assert_close(poptorch.inferenceModel(model, opts)(x), model(x))
+    torch.testing.assert_close(
+        poptorch.inferenceModel(_Apply(torch.relu), opts)(masked), torch.relu(masked)
+    )

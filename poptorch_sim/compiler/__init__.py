@@ -115,9 +115,9 @@ def compile_program(
         part, assignment = partition_by_sharding(
             trace, sharding, strategy, options.replication_factor
         )
+    num_ipus = check_ipu_count({stage.ipu for stage in part.stages}, options)
     if strategy.mode == "pipelined":
         check_pipeline_depth(part.forward_stages, options, training)
-    num_ipus = check_ipu_count({stage.ipu for stage in part.stages}, options)
     loss = find_final_loss(trace) if training else None
     layout = output_layout(trace)
     required = layout.nodes + ([loss] if loss is not None else [])

@@ -4,7 +4,8 @@ pipelined, training    gradientAccumulation >= 2F - 1   (F: forward pipeline sta
 pipelined, inference   deviceIterations >= F
 sharded / phased       no depth constraint
 every strategy         IPUs = max(#used, highest id + 1) * replicas; at most 64; a power of
-                       two unless autoRoundNumIPUs(True) (the simulator behaves like hardware)
+                       two unless autoRoundNumIPUs(True) or offline (as on hardware); checked
+                       before the pipeline depth (PopTorch acquires the device first)
 parallel phases        even phases on even IPUs, odd on odd
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..enums import Liveness
+from ..enums import ConnectionType, Liveness
 from ..errors import Error
 from ..logger import logger
 from ..options.strategies import Placement, _IExecutionStrategy
@@ -20,12 +21,20 @@ from ..options.strategies import Placement, _IExecutionStrategy
 __all__ = [
     "check_pipeline_depth",
     "check_ipu_count",
+    "check_max_ipus",
     "check_phases",
     "pipeline_stages",
     "MAX_IPUS",
 ]
 
 MAX_IPUS = 64
+
+
+def _cpp_error(message: str) -> Error:
+    """An error PopTorch raises from its C++ compiler: ``str`` carries its type, as there."""
+    err = Error(f"'poptorch_cpp_error': {message}", type="poptorch_cpp_error")
+    err.message = message
+    return err
 
 
 def pipeline_stages(forward_stages: int, training: bool) -> int:
@@ -43,7 +52,7 @@ def check_pipeline_depth(forward_stages: int, options: Any, training: bool) -> N
     if training:
         accumulation = options.Training.gradient_accumulation
         if accumulation < depth:
-            raise Error(
+            raise _cpp_error(
                 "poptorch.Options().Training.gradientAccumulation must be greater than or equal "
                 f"to the number of pipeline stages ({depth}) when using "
                 f"poptorch.PipelinedExecution. Please note that a model with {forward_stages} "
@@ -51,7 +60,7 @@ def check_pipeline_depth(forward_stages: int, options: Any, training: bool) -> N
                 f"stages when training. (gradientAccumulation is {accumulation}.)"
             )
     elif options.device_iterations < depth:
-        raise Error(
+        raise _cpp_error(
             "poptorch.Options().deviceIterations must be greater than or equal to the number of "
             f"pipeline stages ({depth}) when using PopTorch.PipelinedExecution. "
             f"(deviceIterations is {options.device_iterations}.)"
@@ -65,9 +74,10 @@ def _round_up_power_of_two(n: int) -> int:
     return rounded
 
 
-def _check_max(num_ipus: int) -> None:
+def check_max_ipus(num_ipus: int) -> None:
+    """PopTorch's limit of 64 IPUs per process (checked before any device is acquired)."""
     if num_ipus > MAX_IPUS:
-        raise Error(
+        raise _cpp_error(
             f"Too many IPUs requested ({num_ipus}). Experiments that need more than "
             f"{MAX_IPUS} IPUs require distributed execution."
         )
@@ -85,17 +95,19 @@ def check_ipu_count(used_ipus: set[int], options: Any) -> int:
         of two when ``autoRoundNumIPUs(True)``.
 
     Raises:
-        poptorch.Error: more than 64 IPUs, or not a power of two without ``autoRoundNumIPUs``.
+        poptorch.Error: more than 64 IPUs, or not a power of two without ``autoRoundNumIPUs``
+            (an offline target, ``useOfflineIpuTarget``, is not rounded).
     """
     used = used_ipus or {0}
     num_ipus = max(len(used), max(used) + 1) * options.replication_factor
-    _check_max(num_ipus)
+    check_max_ipus(num_ipus)
     rounded = _round_up_power_of_two(num_ipus)
-    if rounded == num_ipus:
+    # An offline target is made with exactly the IPUs the model uses: nothing is reserved.
+    if rounded == num_ipus or options.connection_type == ConnectionType.Never:
         return num_ipus
     reason = ", because PopTorch must reserve a power of 2 or maximum of 64 IPUs per process"
     if not options.auto_round_num_ipus:
-        raise Error(
+        raise _cpp_error(
             f"The model specifies the use of {num_ipus} IPUs, however PopTorch must reserve a "
             f"minimum of {rounded} in order to allow the model to run{reason}. Please "
             "reconfigure your model to use a different number of IPUs or set "
@@ -109,7 +121,7 @@ def check_ipu_count(used_ipus: set[int], options: Any) -> int:
         reason,
         rounded - num_ipus,
     )
-    _check_max(rounded)
+    check_max_ipus(rounded)
     return rounded
 
 

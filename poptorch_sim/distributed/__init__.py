@@ -14,8 +14,8 @@ when it compiles a training model.
 Simulated: on IPUs the gradients cross instances on the device (GCL over IPU-Links); here they
 cross on the host, through torch.distributed (gloo for CPU tensors, NCCL for CUDA ones).
 PopTorch does not broadcast weights (programs seed alike or call ``hvd.broadcast_parameters``);
-here a training model takes process 0's weights when it is compiled, so every process starts
-alike either way. ``ReductionType.Mean`` divides by the *global* count of micro-batches
+here a training model takes process 0's weights when it is compiled (except for an offline
+target, which never runs and so joins no group), so every process starts alike either way. ``ReductionType.Mean`` divides by the *global* count of micro-batches
 (GA x local replicas x processes), so P processes of R replicas train exactly as one process of
 P x R replicas; PopTorch's documentation does not say which count it divides by.
 """

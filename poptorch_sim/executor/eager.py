@@ -14,6 +14,7 @@ Python side effects in ``forward`` therefore repeat (see tests/test_footguns.py)
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +29,11 @@ from ..ops.blocks import recording_blocks
 from ..ops.control import training_graph
 from ..ops.printing import prints_suppressed
 from .batching import Layout
+from .fp_checks import FloatingPointChecks
 from .inputs import BoundArgs
 from .losses import LossRecorder, final_loss
 from .outputs import OutputCollector
+from .refusals import PopTorchRefusals
 from .replicas import ReplicaBuffers, buffer_versions, check_buffer_broadcast
 
 __all__ = ["EagerProgram", "LossLocator"]
@@ -67,6 +70,7 @@ class EagerProgram:
         self.loss: LossLocator | None = None
         self.blocks_seen = False
         self.out_spec: pytree.TreeSpec | None = None
+        self.fp_checks = False  # Precision.enableFloatingPointExceptions (see fp_checks.py)
 
     def prepare(self, mb: BoundArgs, check_unchanged: Callable[[], None]) -> None:
         """Compile-time checks on the first micro-batch, leaving no trace in the model.
@@ -85,6 +89,7 @@ class EagerProgram:
                 torch.set_grad_enabled(self.training),
                 prints_suppressed(),
                 recording_blocks(spotter),
+                PopTorchRefusals(),
             ):
                 if self.training:
                     self._first_forward(mb)
@@ -105,7 +110,8 @@ class EagerProgram:
         if self.buffers is not None:
             self.buffers.activate(r)
         recorder = LossRecorder() if self.loss and self.loss.leaf is None else None
-        with running_on_ipu(), training_graph(self.training):
+        checks = FloatingPointChecks() if self.fp_checks else contextlib.nullcontext()
+        with running_on_ipu(), training_graph(self.training), checks:
             if recorder is None:
                 out = self.model(*mb.args, **mb.kwargs)
             else:

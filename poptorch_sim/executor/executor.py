@@ -22,6 +22,7 @@ from .. import env
 from ..compiler import TraceFailure
 from ..compiler.overlap import check_overlapped_io, num_io_tiles
 from ..compiler.sharding import sharding_of
+from ..compiler.verify import check_max_ipus
 from ..distributed import synchronize_weights
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
@@ -33,6 +34,7 @@ from ..ops.blocks import uses_begin_block
 from ..optim import SGD
 from ..optim.snapshot import OptimizerSnapshot
 from ..options import Options
+from ..options.session import log_options
 from ..printing import module_repr
 from ..profiling.trace import TraceRecorder
 from ..runtime.dtypes import device_dtype
@@ -45,6 +47,7 @@ from .eager import EagerProgram
 from .inputs import ArgsParser, BoundArgs, validate_inputs
 from .inspection import InspectionMixin
 from .outputs import OutputCollector
+from .perf import PerfRecord
 from .progress import CompilationBar
 from .replicas import ReplicaBuffers
 from .serialization import SerializationMixin
@@ -97,6 +100,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         self._host_weights_version = 0
         self._linked_version = -1
         self._last_run: dict[str, float] = {}
+        self._perf: PerfRecord | None = None
+        self._seed_pending = False  # randomSeed: seed the device RNG at the next attach
         self._call_lock = threading.RLock()  # See [Note: calls from several threads]
         self._host_sync = HostSync(model, self) if training else None
         self._snapshot: OptimizerSnapshot | None = None
@@ -162,7 +167,20 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
                 trainer.loss_scaling if trainer else 1.0,
                 trainer.step if trainer else None,
             )
+        if trainer is not None:
+            trainer.finish_run()
         self._last_run["output_complete"] = time.perf_counter()
+        self._perf = PerfRecord(
+            start=self._last_run["input"],
+            collected=tuple(collector.times),
+            num_inputs=sum(1 for _ in bound.tensors()),
+            num_outputs=collector.num_outputs,
+            mode=OutputMode(opts.output_mode).name,
+            period=opts.output_return_period,
+            gradient_accumulation=exe.layout.gradient_accumulation,
+            replicas=exe.layout.replicas,
+            synthetic=bool(opts._Popart.options.get("syntheticDataMode", 0)),
+        )
         if trainer is not None:
             self._dirty_host_weights = True
             # The user's optimizer never steps on the host; LR schedulers must not warn.
@@ -184,6 +202,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
 
     def _compile(self, bound: BoundArgs) -> None:
         start = datetime.datetime.now()
+        log_options(self._options.toDict())
         bar = CompilationBar(self._options._show_compilation_progress_bar)
         hooks.run_pre_compile()
         if self._host_sync is not None:
@@ -192,7 +211,9 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         check_batch(bound, layout)
         overlap_marks()  # forget marks left by eager runs of forward
         bar.update(10)
-        if self._training:
+        # An offline executable never runs: PopTorch compiles it in each process without its
+        # peers, so no process group is joined (loading it compiles again, online).
+        if self._training and self._options.connection_type != ConnectionType.Never:
             synchronize_weights(self._user_model, self._options)
         device = DeviceCopy(self._model_snapshot)
         _check_updatable_buffers(self._options, device.model)
@@ -226,6 +247,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         if overlapped or (marked and num_io_tiles(self._options) > 0):
             io = self._io_tiles(program, overlapped)
         self._executable = _Executable(bound, layout, device, program, trainer, io)
+        self._seed_pending = self._options.exists("random_seed")
         self._connect_optimizer_state()
         hooks.run_post_compile()
         bar.finish()
@@ -289,6 +311,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         )
         program = EagerProgram(device.model, self._training, buffers, replicated and broadcast)
         program.prepare(first, device.check_unchanged)
+        checks = self._options._Popart.options.get("enableFloatingPointChecks", False)
+        program.fp_checks = bool(checks)
         return program
 
     def isCompiled(self) -> bool:
@@ -312,6 +336,15 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
     def _attach(self) -> None:
         self._is_attached = True
         self.copyWeightsToDevice()
+        if self._seed_pending:
+            # PopTorch seeds the device RNG when it loads an executable; the device RNG here
+            # is torch's, so two models with one randomSeed draw the same numbers.
+            self._seed_pending = False
+            seed = self._options.random_seed
+            logger.debug("Setting random seed to: %d", seed)
+            torch.manual_seed(seed)
+        if getattr(self._optimizer, "ipu_state_is_dirty", False):
+            self._connect_optimizer_state()  # a state loaded while detached goes up now
 
     def attachToDevice(self) -> None:
         """Attach again and upload the host weights (and optimizer state)."""
@@ -414,13 +447,32 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
     # -- passthrough ----------------------------------------------------------------------------
     @property
     def model(self) -> nn.Module:
-        """The wrapped user model."""
-        return self._user_model
+        """The wrapped model: the user's for training; for inference, PopTorch's shallow copy
+        of it, so ``inference.model.eval()`` leaves the user's model (and its training
+        wrapper) in training mode. See [Note: what the device copies]."""
+        return self._user_model if self._training else self._model_snapshot
 
     @property
     def options(self) -> Options:
         """The (frozen) options of this model."""
         return self._options
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What ``pickle`` / ``torch.save`` keep: the model, options and optimizer.
+
+        The executable and the lock are not kept: a loaded executor compiles on its first call
+        (PopTorch pickles its wrapper the same way, without a compiled executable).
+        """
+        state = dict(self.__dict__)
+        del state["_call_lock"]
+        state.update(
+            _executable=None, _is_attached=False, _linked_version=-1, _last_run={}, _perf=None
+        )
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._call_lock = threading.RLock()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_user_model", "_options"):
@@ -457,6 +509,7 @@ def _acquire(needed: int) -> None:
     With ``POPTORCH_SIM_NUM_IPUS=0`` (no hardware) models run as on PopTorch's IPU Model, which
     has no such limit.
     """
+    check_max_ipus(needed)  # PopTorch's per-process limit comes before the machine's size
     available = env.num_ipus()
     if 0 < available < needed:
         raise Error(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import NO_EXECUTABLE_ERR, Error
+from .perf import counters, latency
 
 __all__ = ["InspectionMixin"]
 
@@ -60,41 +61,24 @@ class InspectionMixin:
         raise Error("Cycle count logging is only supported on actual IPU hardware.")
 
     def getPerfCounters(self) -> dict[str, list[list[float]]]:
-        """Host timestamps of the last call: input sent/complete, output sent/complete."""
-        run = self._last_run  # type: ignore[attr-defined]
-        if not run:
-            return {k: [] for k in ("input", "input_complete", "output", "output_complete")}
-        start, end = run["input"], run["output_complete"]
-        replicas = self._options.replication_factor  # type: ignore[attr-defined]
-        return {
-            "input": [[start]] * replicas,
-            "input_complete": [[start]] * replicas,
-            "output": [[end]] * replicas,
-            "output_complete": [[end]] * replicas,
-        }
-
-    def _latency(self) -> tuple[float, float, float]:
-        run = self._last_run  # type: ignore[attr-defined]
-        if not run:
-            return (0.0, 0.0, 0.0)
-        value = run["output_complete"] - run["input"]
-        return (value, value, value)
+        """Host times of the last call's events, per tensor and step (see ``perf.py``)."""
+        return counters(self._perf)  # type: ignore[attr-defined]
 
     def getLatency(self) -> tuple[float, float, float]:
-        """(min, max, mean) seconds from input to output of the last call."""
-        return self._latency()
+        """(min, max, mean) seconds from the first input requested to the last output back."""
+        return latency(self.getPerfCounters(), "input", min, "output_complete", max)
 
     def getComputeLatency(self) -> tuple[float, float, float]:
-        """(min, max, mean) compute seconds of the last call (the whole call here)."""
-        return self._latency()
+        """(min, max, mean) seconds from the last input transferred to the last output ready."""
+        return latency(self.getPerfCounters(), "input_complete", max, "output", max)
 
     def getHostIpuLatency(self) -> tuple[float, float, float]:
         """Host → IPU transfer latency: zero, inputs are views of host memory."""
-        return (0.0, 0.0, 0.0)
+        return latency(self.getPerfCounters(), "input", min, "input_complete", max)
 
     def getIpuHostLatency(self) -> tuple[float, float, float]:
         """IPU → host transfer latency: zero, outputs are host tensors."""
-        return (0.0, 0.0, 0.0)
+        return latency(self.getPerfCounters(), "output", min, "output_complete", max)
 
     def _debugGetPopartIR(self) -> str:
         """There is no PopART IR in simulation."""

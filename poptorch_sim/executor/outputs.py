@@ -14,6 +14,7 @@ int64 outputs come back as int32 and float64 as float32, as from an IPU.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -66,10 +67,17 @@ class OutputCollector:
         self._period = period
         self._layout = layout
         self._rows: list[list[Any]] = []
+        self.times: list[float] = []  # when each micro-batch's outputs arrived (perf.py)
 
     def add(self, leaves: list[Any]) -> None:
         """Record the output leaves of the next micro-batch (call in [DI, GA, R] order)."""
         self._rows.append(leaves)
+        self.times.append(time.perf_counter())
+
+    @property
+    def num_outputs(self) -> int:
+        """How many output tensors each micro-batch produced."""
+        return sum(isinstance(t, torch.Tensor) for t in self._rows[0]) if self._rows else 0
 
     def result(self) -> list[Any]:
         """The joined output leaves."""

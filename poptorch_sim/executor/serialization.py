@@ -63,7 +63,7 @@ class SerializationMixin:
             "inputs": (exe.inputs.args, exe.inputs.kwargs),
             "options": self._options,  # type: ignore[attr-defined]
             "training": self._training,  # type: ignore[attr-defined]
-            "model": self._user_model if export_model else None,  # type: ignore[attr-defined]
+            "model": self.model if export_model else None,  # type: ignore[attr-defined]
             "optimizer": self._optimizer if export_model else None,  # type: ignore[attr-defined]
             "rng_state": torch.get_rng_state() if save_rng_state else None,
         }

@@ -40,6 +40,7 @@ from ..enums import ConnectionType, ReductionType
 from ..errors import Error
 from ..kernels import FusedOptimizer
 from ..kernels.optim import offload_stats
+from ..logger import logger
 from ..optim.device import (
     apply_hyperparameters,
     device_groups,
@@ -52,6 +53,7 @@ from ..optim.replacement import check_update
 from ..optim.snapshot import OptimizerSnapshot, snapshot
 from ..profiling.trace import TraceRecorder
 from ..program import StagedProgram
+from .loss_scaling import FACTOR_NAME, FINAL_NAME, AutomaticLossScaling
 
 __all__ = ["DeviceTrainer"]
 
@@ -82,8 +84,10 @@ class DeviceTrainer:
         off_chip: bool = False,
         reducer: GradientReducer | None = None,
         gradient_accumulation: int = 1,
+        automatic_loss_scaling: AutomaticLossScaling | None = None,
     ) -> None:
         self.snapshot = snap
+        self.als = automatic_loss_scaling
         self.gradient_accumulation = gradient_accumulation
         self.reducer = reducer
         # Mean divides by the global count of micro-batches: GA x replicas x processes.
@@ -91,6 +95,7 @@ class DeviceTrainer:
         self.params = params
         self.names = names
         self.param_names = [names[id(p)] for p in params]
+        self._log_groups(snap)
         self._mean_over = micro_batches_per_step if reduction == ReductionType.Mean else 1
         self.fused = not (snap.kind == "rmsprop" and snap.use_tf_variant)
         if self.fused:
@@ -118,11 +123,14 @@ class DeviceTrainer:
     @property
     def loss_scaling(self) -> float:
         """The loss scaling of the current snapshot."""
-        return float(self.snapshot.loss_scaling)
+        return float(self.snapshot.loss_scaling) * self._als_factor()
+
+    def _als_factor(self) -> float:
+        return self.als.factor if self.als is not None else 1.0
 
     def _unscale(self, snap: OptimizerSnapshot) -> float:
         # The Mean reduction's division is folded into the kernels' loss-scaling division.
-        return float(snap.loss_scaling) * self._mean_over
+        return float(snap.loss_scaling) * self._als_factor() * self._mean_over
 
     def _fused_groups(self, snap: OptimizerSnapshot) -> list[dict]:
         groups, _ = device_groups(snap, self.params)
@@ -137,6 +145,7 @@ class DeviceTrainer:
         Values imported for single parameters (``load_state_dict``) are replaced by the
         snapshot's, as PopTorch's ``setOptimizer`` writes every value.
         """
+        self._log_groups(snap)
         restore_groups_(self.optimizer, snap)
         if self.fused:
             self.optimizer.set_hyperparameters(
@@ -145,6 +154,30 @@ class DeviceTrainer:
         else:
             apply_hyperparameters(self.optimizer, snap)
         self.snapshot = snap
+
+    def _log_groups(self, snap: OptimizerSnapshot) -> None:
+        """PopTorch's debug line for each group's hyper-parameters written to the device."""
+        for i, group in enumerate(snap.groups):
+            values = ", ".join(f"{k}={v}" for k, v in group.values.items())
+            names = [self.param_names[j] for j in group.params]
+            logger.debug(
+                "Updating group %d optimizer with %s for (tensors affected %s)", i, values, names
+            )
+
+    def finish_run(self) -> None:
+        """End of a call: automatic loss scaling's new factor applies from the next one."""
+        if self.als is not None and self.als.finish_run():
+            self._rescale()
+
+    def set_loss_scale_factor(self, factor: float) -> None:
+        """Write automatic loss scaling's ``lossScaleUpdateFactor`` (``ipu_state``)."""
+        if self.als is not None:
+            self.als.factor = float(factor)
+            self._rescale()
+
+    def _rescale(self) -> None:
+        if self.fused:
+            self.optimizer.loss_scaling = self._unscale(self.snapshot)
 
     def use_loss_scaling(self, loss_scaling: float) -> None:
         """Scale the loss by ``loss_scaling`` (an imported ``lossScaling_FLOAT``) from now on.
@@ -160,7 +193,7 @@ class DeviceTrainer:
 
         See [Note: per-stage optimizer steps].
         """
-        if not self.fused or self.reducer is not None:
+        if not self.fused or self.reducer is not None or self.als is not None:
             return None
         users: dict[int, set[int]] = {}
         for spec in program.stages:
@@ -192,6 +225,10 @@ class DeviceTrainer:
             if self.trace is not None:
                 name = f"all-reduce over {self.reducer.world_size} processes"
                 self.trace.record(0, name, "step", start, time.perf_counter_ns())
+        if self.als is not None:
+            self.als.observe([p.grad for p in self.params])
+            if FINAL_NAME in self.wanted:
+                self.anchors[FINAL_NAME] = torch.tensor(self.loss_scaling, dtype=torch.float32)
         self._apply(self.params, 0)
         self.steps += 1
         self._record("UpdatedVar___", lambda p: p.detach().clone())
@@ -246,6 +283,9 @@ class DeviceTrainer:
                     self.anchors[name] = value.to("cpu")
 
 
+_ALS_ENABLED = "automaticLossScalingSettings.enabled"
+
+
 def _step_name(before: dict[str, int], after: dict[str, int]) -> str:
     chunks = after["chunks"] - before["chunks"]
     if not chunks:
@@ -273,6 +313,8 @@ class OptimizerMixin:
         host_to_device = {id(h): d for _, h, d in device.pairs}
         names = {id(d): n for n, _, d in device.pairs}
         host_params = [p for g in self._optimizer.param_groups for p in g["params"]]
+        offline = self._options.connection_type == ConnectionType.Never
+        popart = self._options._Popart.options
         trainer = DeviceTrainer(
             self._snapshot,
             [host_to_device[id(p)] for p in host_params],
@@ -280,8 +322,11 @@ class OptimizerMixin:
             layout.gradient_accumulation * layout.replicas,
             self._options.Training.accumulation_and_replication_reduction_type,
             off_chip=self._options.optimizer_off_chip,
-            reducer=reducer_for(self._options),
+            reducer=None if offline else reducer_for(self._options),  # see _compile
             gradient_accumulation=layout.gradient_accumulation,
+            automatic_loss_scaling=(
+                AutomaticLossScaling(popart) if popart.get(_ALS_ENABLED) else None
+            ),
         )
         trainer.wanted = {v[0] for v in self._options.anchored_tensors.values()}
         return trainer
@@ -338,18 +383,26 @@ class OptimizerMixin:
 
 def read_state(trainer: DeviceTrainer) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The device optimizer's state and hyper-parameters under PopART's names."""
-    return export_state(
+    logger.info("Writing optimiser state tensors from IPU to host.")  # PopTorch's line
+    ipu_state, ipu_param = export_state(
         trainer.optimizer,
         trainer.snapshot,
         trainer.param_names,
         gradient_accumulation=trainer.gradient_accumulation,
     )
+    if trainer.als is not None:
+        ipu_state[FACTOR_NAME] = torch.tensor(trainer.als.factor, dtype=torch.float32)
+    return ipu_state, ipu_param
 
 
 def write_state(
     trainer: DeviceTrainer, ipu_state: dict[str, torch.Tensor], ipu_param: dict[str, torch.Tensor]
 ) -> None:
     """Load a state read by ``read_state`` (possibly saved from another run) into the device."""
+    logger.info("Writing optimiser state tensors from host to IPU memory.")  # PopTorch's line
+    if FACTOR_NAME in ipu_state:
+        ipu_state = dict(ipu_state)
+        trainer.set_loss_scale_factor(float(ipu_state.pop(FACTOR_NAME)))
     loss_scaling = import_state(
         trainer.optimizer,
         trainer.snapshot,

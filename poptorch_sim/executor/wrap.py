@@ -22,6 +22,14 @@ _PIPELINED_HINT = (
 )
 
 
+def _check_model(where: str, model: object) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"poptorch.{where} expects a torch.nn.Module (or the PoplarExecutor of one) but got "
+            f"{type(model).__name__} {model!r}: wrap it in a torch.nn.Module whose forward calls it"
+        )
+
+
 def trainingModel(
     model: nn.Module | PoplarExecutor,
     options: Options | None = None,
@@ -42,11 +50,13 @@ def trainingModel(
 
     Raises:
         RuntimeError: the model is still wrapped by a training model (until ``destroy()``).
+        TypeError: ``model`` is not an ``nn.Module``.
 
     >>> training = trainingModel(model, poptorch.Options(), optimizer)  # doctest: +SKIP
     """
     if isinstance(model, PoplarExecutor):
         model = model._user_model
+    _check_model("trainingModel", model)
     # PopTorch checks the model's class: it stays wrapped until destroy(), even if the executor
     # that wrapped it has been dropped.
     if owner_of(model) is not None or is_wrapped(model):
@@ -67,11 +77,13 @@ def inferenceModel(
 
     Raises:
         Error: ``Training.gradientAccumulation`` is not 1.
+        TypeError: ``model`` is not an ``nn.Module``.
 
     >>> inference = inferenceModel(model)  # doctest: +SKIP
     """
     if isinstance(model, PoplarExecutor):
         model = model._user_model
+    _check_model("inferenceModel", model)
     if options is not None and isinstance(options, Options):
         if options.Training.gradient_accumulation != 1:
             message = _INFERENCE_GA_ERROR

@@ -310,10 +310,13 @@ class FusedOptimizer:
         states = []
         for p in params:
             st = self.state.get(p)
-            if st is None or not want <= st.keys():
+            if st is None or not want <= st.keys() or not isinstance(st["step"], Tensor):
                 st = self.state.setdefault(p, {})
-                if st.get("step") is None:
-                    st["step"] = torch.tensor(0.0, dtype=torch.float32)
+                step = st.get("step")
+                if not isinstance(step, Tensor):
+                    # Written as a number (torch's LAMB-style int, or an imported ipu_state
+                    # for a parameter not stepped yet): the kernels count in a float32 tensor.
+                    st["step"] = torch.tensor(float(step or 0), dtype=torch.float32)
                 for name, order in names:
                     if st.get(name) is None:
                         st[name] = self._zeros(p, order)

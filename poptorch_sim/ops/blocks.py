@@ -54,6 +54,18 @@ class BlockRecorder(Protocol):
 _local = threading.local()
 
 
+def _checked_ipu_id(where: str, ipu_id: int | None) -> int | None:
+    """``ipu_id`` if it is None or an IPU index (a non-negative int), else a clear refusal."""
+    if ipu_id is None or (
+        isinstance(ipu_id, int) and not isinstance(ipu_id, bool) and ipu_id >= 0
+    ):
+        return ipu_id
+    raise AssertionError(
+        f"{where} expects ipu_id to be None or a non-negative int (the index of an IPU) but got "
+        f"{ipu_id!r}"
+    )
+
+
 def active_recorder() -> BlockRecorder | None:
     """The recorder of the compilation running on this thread, or None (eager execution)."""
     return getattr(_local, "recorder", None)
@@ -87,7 +99,7 @@ class Block(nn.Module):
     def __init__(self, user_id: str | None = None, ipu_id: int | None = None) -> None:
         super().__init__()
         self._user_id = user_id
-        self._ipu_id = ipu_id
+        self._ipu_id = _checked_ipu_id("Block", ipu_id)
 
     @staticmethod
     def useAutoId() -> None:
@@ -104,6 +116,7 @@ class Block(nn.Module):
             user_id: the block id (None: automatic).
             ipu_id: the IPU.
         """
+        _checked_ipu_id("Block.start", ipu_id)
         recorder = active_recorder()
         if recorder is not None:
             recorder.begin_block(user_id, ipu_id)
@@ -192,9 +205,11 @@ def BeginBlock(
 
     Raises:
         poptorch.Error: the module already starts a block, or ``layer_to_call`` is not callable.
+        AssertionError: ``ipu_id`` is not None or a non-negative int.
 
     >>> layer = BeginBlock(nn.Linear(2, 2), "B1", ipu_id=1)
     """
+    _checked_ipu_id("BeginBlock", ipu_id)
     if not isinstance(layer_to_call, nn.Module):
         if callable(layer_to_call):
             return LegacyBeginBlockFn(layer_to_call, user_id, ipu_id)
@@ -228,6 +243,7 @@ def BlockFunction(user_id: str | None = None, ipu_id: int | None = None) -> Call
     >>> decode(torch.ones(1))
     tensor([2.])
     """
+    _checked_ipu_id("BlockFunction", ipu_id)
 
     def decorator(func: F) -> F:
         @functools.wraps(func)

@@ -301,7 +301,12 @@ class Options(OptionsDict):
     def setAvailableMemoryProportion(
         self, available_memory_proportion: dict[str, float]
     ) -> Options:
-        """Proportion of tile memory for temporaries, per IPU: ``{"IPU0": 0.5}``."""
+        """Proportion of tile memory for temporaries, per IPU: ``{"IPU0": 0.5}``.
+
+        Raises:
+            AssertionError: not a dict of ``"IPU<n>"`` keys (PopTorch's type).
+            ValueError: ``<n>`` is not an index, or a value is not in (0, 1].
+        """
         if not isinstance(available_memory_proportion, dict) or not all(
             isinstance(k, str) and k.startswith("IPU") for k in available_memory_proportion
         ):
@@ -310,6 +315,19 @@ class Options(OptionsDict):
                 '{"IPU0": 0.5} where the 0 in IPU0 is the index of the IPU. Invalid key: '
                 f"{available_memory_proportion!r}"
             )
+        for key, value in available_memory_proportion.items():
+            if not key[3:].isdigit():  # PopTorch's int(key[3:]) raises ValueError too
+                raise ValueError(
+                    f"Invalid key: {key!r}: expected 'IPU' followed by the index of an IPU, "
+                    'e.g. {"IPU0": 0.5}'
+                )
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not 0.0 < value <= 1.0:
+                raise ValueError(
+                    f"The available memory proportion of {key} must be a number in (0, 1], got "
+                    f"{value!r}: it is the proportion of tile memory ops may use for temporary "
+                    "data"
+                )
         no_effect("setAvailableMemoryProportion")
         self.createOrSet(available_memory_proportion=dict(available_memory_proportion))
         return self

@@ -133,7 +133,8 @@ class _PrecisionOptions(OptionsDict):
         return self
 
     def enableFloatingPointExceptions(self, enabled: bool) -> _PrecisionOptions:
-        """Raise on floating-point exceptions (stored; no effect in simulation)."""
+        """Stop a run at the first invalid, dividing-by-zero or overflowing float op (see
+        ``executor/fp_checks.py``)."""
         if not isinstance(enabled, bool):
             raise AssertionError("enableFloatingPointExceptions needs to be set to a bool")
         self._popart.set("enableFloatingPointChecks", enabled)
