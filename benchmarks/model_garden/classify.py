@@ -1,0 +1,61 @@
+"""Sorting a model-garden failure into the party that must fix it.
+
+    poptorch_sim   the simulator lacks or breaks a PopTorch/PopART name or behaviour
+    environment    a package that did not install, a download, a data set or compiled custom
+                   op that is not there, a tool of the SDK (poprun, mpirun), a time limit
+    app            the application's own code against today's libraries (torch 2, Python 3.11)
+
+The rules read the failure's text (message and traceback): the names the simulator must
+provide first, then the environment's signatures, then where the innermost frame is.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["CLASSES", "classify"]
+
+CLASSES = ("poptorch_sim", "environment", "app")
+
+_SIM_NAMES = re.compile(
+    r"module '(poptorch|popart|poptorch_sim)[\w.]*' has no attribute"
+    r"|'_OpNamespace' 'poptorch' object has no attribute"
+    r"|No module named '(poptorch|popart|poptorch_sim)[\w.]*'"
+)
+_ENVIRONMENT = re.compile(
+    r"No module named '(?!poptorch|popart)"
+    r"|URLError|ConnectionError|ConnectTimeout|Name or service not known"
+    r"|Temporary failure in name resolution|Max retries exceeded|HTTPError|ReadTimeout"
+    r"|OfflineModeIsEnabled|couldn't connect to|LocalEntryNotFoundError|Network is unreachable"
+    r"|FileNotFoundError|No such file or directory|cannot open shared object file"
+    r"|custom_ops\.so|load_lib|poprun|mpirun|gc-monitor|gcipuinfo|libpvti"
+    r"|PackageNotFoundError|DistributionNotFound|timed out after"
+    r"|was removed in the NumPy 2.0 release|pkg_resources"
+)
+_FRAME = re.compile(r'File "([^"]+)", line \d+')
+_SIM_PATHS = ("/poptorch_sim/", "/poptorch/", "/popart/")
+
+
+def classify(text: str, project_root: str) -> str:
+    """The class of the failure whose message and traceback are ``text``.
+
+    Args:
+        text: the failure's text (pytest's failure message and traceback, or a log's tail).
+        project_root: the simulator's checkout (frames under it are the simulator's).
+
+    Returns:
+        One of ``CLASSES``.
+
+    >>> classify("AttributeError: module 'popart' has no attribute 'X'", "/p")
+    'poptorch_sim'
+    """
+    if _SIM_NAMES.search(text):
+        return "poptorch_sim"
+    if _ENVIRONMENT.search(text):
+        return "environment"
+    frames = _FRAME.findall(text)
+    if frames:
+        last = frames[-1].replace("\\", "/")
+        if last.startswith(project_root) and any(p in last for p in _SIM_PATHS):
+            return "poptorch_sim"
+    return "app"
