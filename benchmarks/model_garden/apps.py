@@ -32,8 +32,12 @@ NOT_ATTEMPTED = {
 }
 
 
-# wandb 0.12 uses ``np.float_`` (gone in numpy 2) and ``pkg_resources``; every app pins it.
-COMMON_PINS = {"wandb": ""}
+# wandb 0.12 uses ``np.float_`` (gone in numpy 2) and ``pkg_resources``; every app pins it; 0.17.9
+# imports beside numpy 2 and the apps' protobuf 3.19.
+COMMON_PINS = {"wandb": "0.17.9"}
+# tokenizers < 0.13 has no Python 3.11 wheel and builds only with crates.io reachable;
+# transformers 4.23.1 is the release nearest to the apps' 4.18.0 that takes tokenizers 0.13.
+TRANSFORMERS_4_18 = {"transformers": "4.23.1", "tokenizers": "0.13.3"}
 
 
 @dataclass(frozen=True)
@@ -77,9 +81,10 @@ APPS: dict[str, App] = {
         train=(
             "run_pretraining.py",
             *"--config unit_test --dataset generated --training-steps 2 --custom-ops False "
+            "--lr-schedule constant "
             "--disable-progress-bar".split(),
         ),
-        pins={**COMMON_PINS, "tokenizers": "0.13.3", "scipy": "1.10.1"},
+        pins={**COMMON_PINS, **TRANSFORMERS_4_18, "scipy": ""},
     ),
     "gpt2": App(
         key="gpt2",
@@ -87,13 +92,13 @@ APPS: dict[str, App] = {
         tests=("tests",),
         train=(
             "train_gpt2.py",
-            *"--model gpt2-test --max-len 32 --layers-per-ipu 1 1 --matmul-proportion 0.2 0.2 "
-            "--ipus-per-replica 2 --replication-factor 1 --epochs 1 --batch-size 1 "
-            "--gradient-accumulation 4 --device-iterations 1 --dataset generated "
-            "--training-steps 2 --custom-ops False --enable-sequence-serialized False "
-            "--embedding-serialization-factor 1".split(),
+            *"--model gpt2-test --max-len 32 --layers-per-ipu 2 2 --ipus-per-replica 2 "
+            "--matmul-proportion 0.2 0.2 --replication-factor 1 --epochs 1 --batch-size 1 "
+            "--gradient-accumulation 10 --device-iterations 1 --dataset generated "
+            "--training-steps 2 --num-workers 1 --custom-ops False "
+            "--enable-sequence-serialized False --embedding-serialization-factor 1".split(),
         ),
-        pins={**COMMON_PINS, "tokenizers": "0.13.3", "scipy": "1.10.1"},
+        pins={**COMMON_PINS, "tokenizers": "0.13.3", "scipy": ""},
     ),
     "vit": App(
         key="vit",
@@ -101,14 +106,18 @@ APPS: dict[str, App] = {
         tests=("test_vit.py",),
         train=(
             "pretrain.py",
-            *"--config b16_in1k_pretrain --dataset generated --training-steps 2 "
-            "--byteio False".split(),
+            *"--config b16_in1k_pretrain --dataset generated --training-steps 2 --hidden-size 64 "
+            "--num-hidden-layers 4 --num-attention-heads 4 --mlp-dim 128 --layers-per-ipu 1 1 1 1 "
+            "--replication-factor 1 --gradient-accumulation 8 --micro-batch-size 2 "
+            "--device-iterations 1 --dataloader-workers 1 --precision 32.32 --mixup False "
+            "--rebatched-worker-size 2 --enable-rts False --recompute-mid-layers 1".split(),
         ),
+        pins={**COMMON_PINS, **TRANSFORMERS_4_18},
     ),
     "clip": App(
         key="clip",
         path="multimodal/CLIP/pytorch",
         tests=("tests",),
-        train=("train.py", *"--config unit_test --host-generate-data True".split()),
+        train=("train.py", *"--config unit_test --host_generate_data True".split()),
     ),
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import re
@@ -50,9 +51,29 @@ def _requirement_name(line: str) -> str:
     return match.group(1).lower().replace("_", "-") if match else ""
 
 
-def _requirements(app: App, checkout: Path, skipped: list[str]) -> list[str]:
-    """The app's requirement lines, without the skipped ones, with ``app.pins`` applied;
-    the lines not attempted (``NOT_ATTEMPTED``) are appended to ``skipped``."""
+_VCS = re.compile(r"git\+https?://[^@\s]+/([^/@\s]+?)(?:\.git)?(?:@([^\s#;]+))?(?=$|[\s#;])")
+
+
+def _from_clone(line: str, clones: Path | None) -> str:
+    """``line`` with a ``git+https://host/owner/NAME@ref`` URL replaced by the local clone
+    ``clones/NAME`` (checked out at ``ref``), when there is one."""
+    match = _VCS.search(line)
+    if clones is None or match is None or not (clones / match.group(1)).is_dir():
+        return line
+    clone = clones / match.group(1)
+    if match.group(2):
+        subprocess.run(["git", "-C", str(clone), "checkout", "-q", match.group(2)], check=False)
+    target = str(clone) if " @ " in line else f"{_requirement_name(line)} @ file://{clone}"
+    if " @ " in line:
+        return line[: match.start()] + f"file://{target}" + line[match.end() :]
+    return target
+
+
+def _requirements(
+    app: App, checkout: Path, skipped: list[str], clones: Path | None = None
+) -> list[str]:
+    """The app's requirement lines, without the skipped ones, with ``app.pins`` applied and
+    git URLs taken from local ``clones``; lines not attempted are appended to ``skipped``."""
     path = checkout / app.path / "requirements.txt"
     lines = []
     for raw in path.read_text().splitlines() if path.exists() else []:
@@ -65,6 +86,7 @@ def _requirements(app: App, checkout: Path, skipped: list[str]) -> list[str]:
         if name in NOT_ATTEMPTED:
             skipped.append(f"{line} ({NOT_ATTEMPTED[name]})")
             continue
+        line = _from_clone(line, clones)
         if name in app.pins:  # a version, or "" for the newest
             line = f"{name}=={app.pins[name]}" if app.pins[name] else name
         if line not in lines:
@@ -88,7 +110,9 @@ def _run(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict[str, st
             return -9
 
 
-def make_env(app: App, checkout: Path, project: Path, work: Path) -> tuple[Path, Step]:
+def make_env(
+    app: App, checkout: Path, project: Path, work: Path, clones: Path | None = None
+) -> tuple[Path, Step]:
     """The app's scratch environment (made on first use) and what installing gave."""
     env_dir = work / "envs" / app.key
     python = env_dir / "bin" / "python"
@@ -103,8 +127,14 @@ def make_env(app: App, checkout: Path, project: Path, work: Path) -> tuple[Path,
         shared = [p for p in site.getsitepackages() if Path(p).is_dir()]
         # After the env's own site-packages: the app's pins win, the project fills the rest.
         Path(purelib, "poptorch_sim_project.pth").write_text("\n".join([str(project), *shared]))
+    record = env_dir / "model_garden_install.json"
+    if record.exists():  # installed by an earlier run: reuse (delete the folder to redo)
+        done = json.loads(record.read_text())
+        step.result, step.notes = done["result"], done["notes"]
+        step.classes.update(done["classes"])
+        return python, step
     skipped: list[str] = []
-    lines = _requirements(app, checkout, skipped)
+    lines = _requirements(app, checkout, skipped, clones)
     constraints = work / "constraints.txt"
     import numpy  # noqa: PLC0415  (the project's numpy stays; pip sees the project's torch)
 
@@ -120,23 +150,27 @@ def make_env(app: App, checkout: Path, project: Path, work: Path) -> tuple[Path,
         "-c",
         str(constraints),
     ]
-    env = {**os.environ, "PIP_NO_INPUT": "1"}
+    cargo = Path.home() / ".cargo" / "bin"  # rustup's default: old tokenizers build from source
+    env = {**os.environ, "PIP_NO_INPUT": "1", "PATH": f"{cargo}{os.pathsep}{os.environ['PATH']}"}
     log = work / f"{app.key}-install.log"
     failed: list[str] = []
+    kept: list[str] = []
     if lines and _run([*pip, "-r", str(reqs)], checkout, log, 1800, env) != 0:
         for line in lines:  # one at a time: keep what installs
             name = _requirement_name(line)
             one = work / f"{app.key}-install-{name}.log"
             if _run([*pip, line], checkout, one, 900, env) == 0:
+                kept.append(line)
                 continue
+            newest = work / f"{app.key}-install-{name}-newest.log"
             pinned = "==" in line or "git+" in line
-            if pinned and name and _run([*pip, name], checkout, one, 900, env) == 0:
+            if pinned and name and _run([*pip, name], checkout, newest, 900, env) == 0:
                 step.notes.append(f"{line} did not install: the newest {name} did")
                 continue
             failed.append(line)
         # A later line's dependencies may have moved an earlier pin: put the pins back.
         pinned = work / f"{app.key}-pinned.txt"
-        pinned.write_text("\n".join(x for x in lines if "==" in x and x not in failed) + "\n")
+        pinned.write_text("\n".join(x for x in kept if "==" in x) + "\n")
         _run([*pip, "--no-deps", "-r", str(pinned)], checkout, work / "pins.log", 900, env)
     step.result = f"{len(lines) - len(failed)}/{len(lines)} installed"
     _stand_ins(python, project, step)
@@ -146,6 +180,8 @@ def make_env(app: App, checkout: Path, project: Path, work: Path) -> tuple[Path,
     if skipped:
         step.notes.append("not attempted: " + ", ".join(skipped))
     step.seconds = time.perf_counter() - start
+    done = {"result": step.result, "notes": step.notes, "classes": dict(step.classes)}
+    record.write_text(json.dumps(done))
     return python, step
 
 
@@ -163,6 +199,16 @@ def _stand_ins(python: Path, project: Path, step: Step) -> None:
     step.notes.append("horovod: the single-process stand-in (standins/horovod)")
 
 
+def _ini_python_paths(checkout: Path) -> list[str]:
+    """The checkout's ``pytest.ini`` ``python_paths`` (set by the pytest-pythonpath plugin,
+    which predates the pytest here): put on PYTHONPATH instead."""
+    ini = checkout / "pytest.ini"
+    for line in ini.read_text().splitlines() if ini.exists() else []:
+        if line.strip().startswith("python_paths"):
+            return [str(checkout / p) for p in line.split("=", 1)[1].split()]
+    return []
+
+
 def run_tests(app: App, python: Path, checkout: Path, project: Path, work: Path, timeout: float):
     """The app's pytest run, each failure classified."""
     step = Step(app.key, "tests: pytest " + " ".join(app.tests), "")
@@ -174,7 +220,9 @@ def run_tests(app: App, python: Path, checkout: Path, project: Path, work: Path,
     cmd = [str(python), "-m", "pytest", *app.tests, "-p", "no:cacheprovider", "-q", "-rN"]
     cmd += ["--junitxml", str(xml), "-o", "junit_logging=all"]
     start = time.perf_counter()
-    rc = _run(cmd, checkout / app.path, work / f"{app.key}-tests.log", timeout, _env(app))
+    env = _env(app)
+    env["PYTHONPATH"] = os.pathsep.join([*_ini_python_paths(checkout), env.get("PYTHONPATH", "")])
+    rc = _run(cmd, checkout / app.path, work / f"{app.key}-tests.log", timeout, env)
     step.seconds = time.perf_counter() - start
     if not xml.exists():
         text = (work / f"{app.key}-tests.log").read_text(errors="replace")[-4000:]
@@ -245,6 +293,12 @@ def main() -> None:
     parser.add_argument("--apps", default=",".join(APPS))
     parser.add_argument("--work", type=Path, default=Path("model_garden_work"))
     parser.add_argument("--steps", default="tests,train")
+    parser.add_argument(
+        "--clones",
+        type=Path,
+        help="a folder of local git clones (e.g. examples-utils) for requirements given as "
+        "git+https URLs, used where the URL cannot be reached",
+    )
     parser.add_argument("--test-timeout", type=float, default=1800)
     parser.add_argument("--train-timeout", type=float, default=1200)
     parser.add_argument("--clean", action="store_true", help="delete the environments at the end")
@@ -254,7 +308,7 @@ def main() -> None:
     steps: list[Step] = []
     for key in args.apps.split(","):
         app = APPS[key]
-        python, installed = make_env(app, checkout, project, work)
+        python, installed = make_env(app, checkout, project, work, args.clones)
         steps.append(installed)
         if "tests" in args.steps:
             steps.append(run_tests(app, python, checkout, project, work, args.test_timeout))
