@@ -66,7 +66,9 @@ APPS: dict[str, App] = {
     "cnns": App(
         key="cnns",
         path="vision/cnns/pytorch",
-        tests=("tests",),
+        # Its conftest downloads CIFAR-10 and sample images when the session starts, which
+        # stops the whole run offline: without it each test that needs the data fails alone.
+        tests=("tests", "--noconftest"),
         train=(
             "train/train.py",
             *"--data synthetic --model resnet18 --epoch 1 --precision 32.32 --iterations 2 "
@@ -106,11 +108,12 @@ APPS: dict[str, App] = {
         tests=("test_vit.py",),
         train=(
             "pretrain.py",
-            *"--config b16_in1k_pretrain --dataset generated --training-steps 2 --hidden-size 64 "
-            "--num-hidden-layers 4 --num-attention-heads 4 --mlp-dim 128 --layers-per-ipu 1 1 1 1 "
-            "--replication-factor 1 --gradient-accumulation 8 --micro-batch-size 2 "
-            "--device-iterations 1 --dataloader-workers 1 --precision 32.32 --mixup False "
-            "--rebatched-worker-size 2 --enable-rts False --recompute-mid-layers 1".split(),
+            *"--config b16_in1k_pretrain --dataset generated --epochs 0 --training-steps 2 "
+            "--num-hidden-layers 2 --layers-per-ipu 1 1 --ipus-per-replica 2 "
+            "--matmul-proportion 0.3 0.3 --recompute-mid-layers 1 --replication-factor 1 "
+            "--gradient-accumulation 4 --micro-batch-size 1 --device-iterations 1 "
+            "--dataloader-workers 1 --mixup False --rebatched-worker-size 2 --enable-rts False "
+            "--checkpoint-save-steps 100".split(),
         ),
         pins={**COMMON_PINS, **TRANSFORMERS_4_18},
     ),
@@ -118,6 +121,11 @@ APPS: dict[str, App] = {
         key="clip",
         path="multimodal/CLIP/pytorch",
         tests=("tests",),
-        train=("train.py", *"--config unit_test --host_generate_data True".split()),
+        train=(
+            "train.py",
+            *"--config CLIP_ViT-B-32_cc3m --host_generate_data True --epochs 1 --batch_size 1 "
+            "--dataloader_workers 1 --async-dataloader False".split(),
+        ),
+        pins={**COMMON_PINS, **TRANSFORMERS_4_18},
     ),
 }

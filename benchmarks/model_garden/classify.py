@@ -32,7 +32,10 @@ _ENVIRONMENT = re.compile(
     r"|PackageNotFoundError|DistributionNotFound|timed out after"
     r"|was removed in the NumPy 2.0 release|pkg_resources"
 )
-_FRAME = re.compile(r'File "([^"]+)", line \d+')
+_FRAME = re.compile(r'File "([^"]+)", line \d+, in (\w+)')
+# Simulator frames that only pass a call through: loss recorders' TorchFunctionModes and the
+# precision wrapper's forward (a torch error under them is the model's own).
+_PASS_THROUGH = ("__torch_function__", "precision.py:forward")
 _SIM_PATHS = ("/poptorch_sim/", "/poptorch/", "/popart/")
 
 
@@ -53,9 +56,15 @@ def classify(text: str, project_root: str) -> str:
         return "poptorch_sim"
     if _ENVIRONMENT.search(text):
         return "environment"
-    frames = _FRAME.findall(text)
-    if frames:
-        last = frames[-1].replace("\\", "/")
-        if last.startswith(project_root) and any(p in last for p in _SIM_PATHS):
-            return "poptorch_sim"
+    frames = [
+        path.replace("\\", "/")
+        for path, function in _FRAME.findall(text)
+        if not (
+            (function in _PASS_THROUGH or f"{path.rsplit('/', 1)[-1]}:{function}" in _PASS_THROUGH)
+            and any(p in path for p in _SIM_PATHS)
+        )
+        and "/torch/" not in path.replace("\\", "/")
+    ]
+    if frames and frames[-1].startswith(project_root) and any(p in frames[-1] for p in _SIM_PATHS):
+        return "poptorch_sim"
     return "app"
