@@ -111,7 +111,7 @@ APPS: dict[str, App] = {
             *"--config b16_in1k_pretrain --dataset generated --epochs 0 --training-steps 2 "
             "--num-hidden-layers 2 --layers-per-ipu 1 1 --ipus-per-replica 2 "
             "--matmul-proportion 0.3 0.3 --recompute-mid-layers 1 --replication-factor 1 "
-            "--gradient-accumulation 4 --micro-batch-size 1 --device-iterations 1 "
+            "--gradient-accumulation 6 --micro-batch-size 1 --device-iterations 1 "
             "--dataloader-workers 1 --mixup False --rebatched-worker-size 2 --enable-rts False "
             "--checkpoint-save-steps 100".split(),
         ),

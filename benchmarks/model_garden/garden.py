@@ -95,7 +95,8 @@ def _requirements(
 
 
 def _run(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict[str, str]) -> int:
-    """Run ``cmd`` in its own process group, output to ``log``; -9 when it ran out of time."""
+    """Run ``cmd`` in its own process group, output to ``log``; -9 when it ran out of time
+    (interrupted, then killed a minute later if still running)."""
     with log.open("w") as out:
         proc = subprocess.Popen(
             cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -103,8 +104,12 @@ def _run(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict[str, st
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            os.killpg(proc.pid, signal.SIGINT)  # pytest still writes its report on Ctrl-C
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             with log.open("a") as tail:
                 tail.write(f"\n[model_garden] timed out after {timeout:.0f} s\n")
             return -9
