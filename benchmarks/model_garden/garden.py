@@ -225,7 +225,7 @@ def run_tests(app: App, python: Path, checkout: Path, project: Path, work: Path,
     cmd = [str(python), "-m", "pytest", *app.tests, "-p", "no:cacheprovider", "-q", "-rN"]
     cmd += ["--junitxml", str(xml), "-o", "junit_logging=all"]
     start = time.perf_counter()
-    env = _env(app)
+    env = _env(app, python)
     env["PYTHONPATH"] = os.pathsep.join([*_ini_python_paths(checkout), env.get("PYTHONPATH", "")])
     rc = _run(cmd, checkout / app.path, work / f"{app.key}-tests.log", timeout, env)
     step.seconds = time.perf_counter() - start
@@ -261,7 +261,7 @@ def run_train(app: App, python: Path, checkout: Path, project: Path, work: Path,
     step = Step(app.key, "train: " + " ".join(app.train), "")
     log = work / f"{app.key}-train.log"
     start = time.perf_counter()
-    rc = _run([str(python), *app.train], checkout / app.path, log, timeout, _env(app))
+    rc = _run([str(python), *app.train], checkout / app.path, log, timeout, _env(app, python))
     step.seconds = time.perf_counter() - start
     if rc == 0:
         step.result = "passed"
@@ -275,8 +275,17 @@ def run_train(app: App, python: Path, checkout: Path, project: Path, work: Path,
     return step
 
 
-def _env(app: App) -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled", **app.env}
+def _env(app: App, python: Path) -> dict[str, str]:
+    """The app's environment, activated: apps' tests start ``python`` from PATH."""
+    bin_dir = python.parent
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "VIRTUAL_ENV": str(bin_dir.parent),
+        "PYTHONUNBUFFERED": "1",
+        "WANDB_MODE": "disabled",
+        **app.env,
+    }
 
 
 def table(steps: list[Step]) -> str:
