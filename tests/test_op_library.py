@@ -267,3 +267,34 @@ def test_direct_ops_split_and_train_like_blocks_and_eager(capture: str) -> None:
     for name, param in reference.named_parameters():
         torch.testing.assert_close(direct.get_parameter(name), param, msg=name)
         torch.testing.assert_close(blocks.get_parameter(name), param, msg=name)
+
+
+def test_custom_operation_runs_the_registered_implementation() -> None:
+    poptorch.register_custom_op("CubePlus", "model_garden", lambda x: x**3 + 1)
+    x = torch.tensor([1.0, 2.0])
+    (y,) = OPS.custom_operation([x], "CubePlus", "model_garden", 1, 1, [x], "")
+    assert y.tolist() == [2.0, 9.0]
+    with pytest.raises(poptorch.Error, match="no implementation of the custom op 'Nope'"):
+        OPS.custom_operation([x], "Nope", "model_garden", 1, 1, [x], "")
+
+
+class Printing(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = OPS.ipu_print_tensor(self.lin(x), "h", 0, 1000, 3, 80, 4, 0, ", ", "(", ")")
+        return h.sum()
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_ipu_print_tensor_prints_each_micro_batch_when_the_program_runs(capture, capfd) -> None:
+    opts = poptorch.Options().deviceIterations(3)
+    opts.Jit.captureMethod(capture)
+    model = poptorch.inferenceModel(Printing(), opts)
+    model(torch.ones(3, 2))
+    assert capfd.readouterr().err.count("h: (") == 3  # not at capture time, once per run
+    model(torch.ones(3, 2))
+    assert capfd.readouterr().err.count("h: (") == 3
+    model.destroy()
