@@ -1,8 +1,8 @@
 """Sorting a model-garden failure into the party that must fix it.
 
     poptorch_sim   the simulator lacks or breaks a PopTorch/PopART name or behaviour
-    environment    a package that did not install, a download, a data set or compiled custom
-                   op that is not there, a tool of the SDK (poprun, mpirun), a time limit
+    environment    a package that did not install or does not work on this Python, a download,
+                   a data set or compiled custom op that is not there, an SDK tool, a time limit
     app            the application's own code against today's libraries (torch 2, Python 3.11)
 
 The rules read the failure's text (message and traceback): the names the simulator must
@@ -32,7 +32,8 @@ _ENVIRONMENT = re.compile(
     r"|PackageNotFoundError|DistributionNotFound|timed out after"
     r"|was removed in the NumPy 2.0 release|pkg_resources"
 )
-_FRAME = re.compile(r'File "([^"]+)", line \d+, in (\w+)')
+# A traceback frame as Python prints it, or as pytest's short tracebacks do.
+_FRAME = re.compile(r'File "([^"]+)", line \d+, in (\w+)|^(\S+\.py):\d+: in (\S+)', re.M)
 # Simulator frames that only pass a call through: loss recorders' TorchFunctionModes and the
 # precision wrapper's forward (a torch error under them is the model's own).
 _PASS_THROUGH = ("__torch_function__", "precision.py:forward")
@@ -58,7 +59,7 @@ def classify(text: str, project_root: str) -> str:
         return "environment"
     frames = [
         path.replace("\\", "/")
-        for path, function in _FRAME.findall(text)
+        for path, function in ((m[0] or m[2], m[1] or m[3]) for m in _FRAME.findall(text))
         if not (
             (function in _PASS_THROUGH or f"{path.rsplit('/', 1)[-1]}:{function}" in _PASS_THROUGH)
             and any(p in path for p in _SIM_PATHS)
@@ -67,4 +68,6 @@ def classify(text: str, project_root: str) -> str:
     ]
     if frames and frames[-1].startswith(project_root) and any(p in frames[-1] for p in _SIM_PATHS):
         return "poptorch_sim"
+    if frames and "/site-packages/" in frames[-1]:
+        return "environment"  # an installed package (a pin) that does not work here
     return "app"
