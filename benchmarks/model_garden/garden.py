@@ -192,8 +192,12 @@ def make_env(
 
 def _stand_ins(python: Path, project: Path, step: Step) -> None:
     """Put the single-process Horovod stand-in on the path if the real one did not install."""
-    probe = subprocess.run([str(python), "-c", "import horovod.torch"], capture_output=True)
-    if probe.returncode == 0:
+    probe = subprocess.run(
+        [str(python), "-c", "import horovod.torch, horovod; print(horovod.__version__)"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode == 0 and "stand-in" not in probe.stdout:
         return
     purelib = subprocess.check_output(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
