@@ -46,4 +46,22 @@ class RecomputationType(enum.IntEnum):
     RecomputeAll = 4
 
 
+class SyntheticDataMode(enum.IntEnum):
+    """What fills the input streams when host IO is off (``Options.enableSyntheticData``)."""
+
+    Off = 0
+    Zeros = 1
+    RandomNormal = 2
+    RandomUniform = 3
+    N = 4
+
+
+class BatchSerializationBatchSchedule(enum.IntEnum):
+    Scheduler = 0
+    Isomorphic = 1
+    OverlapOnIo = 2
+    OverlapOnCompute = 3
+    N = 4
+
+
 __version__ = "3.4.0+sim"

@@ -268,3 +268,14 @@ def test_floating_point_exceptions_check_the_forward_pass_only() -> None:
     training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
     training(torch.ones(1, 2))  # no error
     assert not torch.isfinite(model.w).all()  # the update was inf / NaN
+
+
+def test_synthetic_data_outputs_come_back_and_integer_inputs_are_zeros() -> None:
+    # An IPU with synthetic data copies no outputs back and leaves integer streams as its fill
+    # left them; here the outputs computed on the synthetic inputs are returned, and integer
+    # inputs are zeros (valid labels).
+    opts = poptorch.Options().enableSyntheticData(True)
+    model = poptorch.inferenceModel(nn.Embedding(5, 2), opts)
+    out = model(torch.tensor([3, 4]))
+    torch.testing.assert_close(out, model.weight[torch.tensor([0, 0])].detach())
+    model.destroy()

@@ -154,10 +154,10 @@ def test_repr_shows_popart_options() -> None:
 def test_option_without_effect_is_stored_and_logged(capfd: pytest.CaptureFixture[str]) -> None:
     poptorch.setLogLevel("DEBUG")
     try:
-        opts = poptorch.Options().enableSyntheticData(True)
+        opts = poptorch.Options().enableExecutableCaching("cache_dir")
     finally:
         poptorch.setLogLevel("WARN")
-    assert opts._Popart.options["syntheticDataMode"] == 2
+    assert opts._Popart.options["enableEngineCaching"] is True
     assert "no effect in simulation" in capfd.readouterr().err
 
 

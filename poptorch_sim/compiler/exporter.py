@@ -47,6 +47,7 @@ from torch.overrides import TorchFunctionMode
 from ..ipu_context import running_on_ipu
 from ..ops import loss as loss_ops
 from ..ops.blocks import recording_blocks
+from ..ops.library import CAPTURE_ONLY
 from .signature import map_tensor_inputs
 from .tracer import (
     _CONSTANT_PREFIX,
@@ -254,9 +255,11 @@ class _Rebuild:
         """Copy an op; ops export added after ``forward`` ran take the stamps of the op before.
 
         ``_assert_tensor_metadata`` checks (added for ``.to()`` calls) are dropped: they check
-        what the trace already fixed, and would tie their inputs to a stage of their own.
+        what the trace already fixed, and would tie their inputs to a stage of their own. So are
+        ``torch.ops.poptorch`` markers without outputs: they did their work (block entries, name
+        scopes) while ``forward`` was captured.
         """
-        if node.target is _ASSERT_METADATA:
+        if node.target is _ASSERT_METADATA or node.target in CAPTURE_ONLY:
             return None
         copied = self.graph.node_copy(node, lambda a: self.value(env[a]))
         if "block_entry" in copied.meta:

@@ -43,6 +43,14 @@ def _base_class(cls: type) -> type:
     return getattr(cls, "_poptorch_sim_base", cls)
 
 
+def _new_instance(cls: type) -> Any:
+    """An uninitialised instance of exactly ``cls``."""
+    new = cls.__new__(cls)
+    if type(new) is not cls:  # fx's GraphModule.__new__ makes a class (without forward) per call
+        new.__class__ = cls
+    return new
+
+
 def _own_dict(obj: object) -> dict[str, Any]:
     return object.__getattribute__(obj, "__dict__")
 
@@ -59,7 +67,7 @@ def shallow_copy(model: nn.Module) -> nn.Module:
     Returns:
         The shallow copy.
     """
-    new = _base_class(type(model)).__new__(_base_class(type(model)))
+    new = _new_instance(_base_class(type(model)))
     state = dict(_own_dict(model))
     state.pop("_poptorch_sim_owner", None)
     _own_dict(new).update(state)
@@ -83,8 +91,7 @@ def _tensor(t: torch.Tensor | None, memo: dict[int, Any]) -> Any:
 
 
 def _copy_module(module: nn.Module, memo: dict[int, Any]) -> nn.Module:
-    cls = _base_class(type(module))
-    new = cls.__new__(cls)
+    new = _new_instance(_base_class(type(module)))
     state = dict(_own_dict(module))
     state.pop("_poptorch_sim_owner", None)
     for name in _MODULE_INTERNALS:

@@ -52,6 +52,7 @@ from .progress import CompilationBar
 from .replicas import ReplicaBuffers
 from .serialization import SerializationMixin
 from .staged import StagedRunner
+from .synthetic import synthetic_data
 from .training import DeviceTrainer, OptimizerMixin
 from .weights import DeviceCopy, HostSync, owner_of
 
@@ -94,6 +95,9 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         self._training = training
         self._optimizer = optimizer
         self._parser = ArgsParser(model)
+        self._synthetic = synthetic_data(
+            self._options._popart.options, getattr(self._options, "random_seed", None)
+        )
         self._executable: _Executable | None = None
         self._is_attached = False
         self._dirty_host_weights = False
@@ -121,6 +125,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         # (see runtime/io_tiles.py); that is what poptorch_sim.serving.Runner relies on.
         with self._call_lock:
             bound = self._parser(args, kwargs)
+            if self._synthetic is not None:
+                bound = self._synthetic.bind(bound)  # the host's data is not sent
             if self._options.connection_type == ConnectionType.Never:
                 raise AssertionError(
                     "Trying to run a model on an offline device (ConnectionType.Never): use "

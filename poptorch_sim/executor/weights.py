@@ -106,6 +106,8 @@ def _module_destroy(self: nn.Module) -> None:
 
 def _rebuild_module(cls: type, state: dict[str, Any]) -> nn.Module:
     module = cls.__new__(cls)
+    if type(module) is not cls:  # fx's GraphModule.__new__ makes a class (without forward)
+        module.__class__ = cls
     module.__dict__.update(state)
     return module
 

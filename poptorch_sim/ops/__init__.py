@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import library as library  # registers torch.ops.poptorch
 from .annotations import (
     Attribute,
     NameScope,

@@ -13,6 +13,7 @@ __all__ = [
     "LOSS_FUNCTIONS",
     "LOSS_MODULES",
     "is_loss_callable",
+    "register_loss_op",
     "NO_LOSS",
     "MANY_LOSSES",
 ]
@@ -99,9 +100,23 @@ LOSS_FUNCTIONS: tuple[Callable[..., torch.Tensor], ...] = (
 )
 
 
+# Dispatcher ops that are losses (``torch.ops.poptorch.identity_loss``: fx records the packet,
+# torch.export the overload).
+_LOSS_OPS: list[object] = []
+
+
+def register_loss_op(packet: torch._ops.OpOverloadPacket) -> None:
+    """Count calls of the op ``packet`` (any of its overloads) as losses."""
+    _LOSS_OPS.extend([packet, *(getattr(packet, name) for name in packet.overloads())])
+
+
 def is_loss_callable(fn: object) -> bool:
     """Whether calling ``fn`` computes a loss in PopTorch's sense (a loss module or function)."""
-    return isinstance(fn, LOSS_MODULES) or any(fn is f for f in LOSS_FUNCTIONS)
+    return (
+        isinstance(fn, LOSS_MODULES)
+        or any(fn is f for f in LOSS_FUNCTIONS)
+        or any(fn is op for op in _LOSS_OPS)
+    )
 
 
 _loss_hook: Callable[[torch.Tensor], None] | None = None

@@ -344,8 +344,23 @@ class Options(OptionsDict):
         return self
 
     def enableSyntheticData(self, enabled: bool) -> Options:
-        """Use synthetic data instead of host transfers (stored)."""
-        no_effect("enableSyntheticData")
+        """Run on data generated on the device instead of the host's (benchmarking perfect IO).
+
+        As in PopTorch, any true value selects ``popart.SyntheticDataMode.RandomNormal`` (2);
+        ``opts._Popart.set("syntheticDataMode", mode)`` picks another mode (1 ``Zeros``,
+        3 ``RandomUniform``).
+
+        Simulated: each call's input tensors are replaced by tensors of their shape and dtype
+        (floating point: zeros, N(0, 1) or U(0, 1); integer and bool: zeros, so labels stay
+        valid); outputs are returned as computed, where an IPU would not copy them back.
+        See ``poptorch_sim.executor.synthetic``.
+
+        Args:
+            enabled: True (or a non-zero ``SyntheticDataMode``) for RandomNormal, False for
+                the host's data.
+
+        >>> opts = Options().enableSyntheticData(True)
+        """
         self._popart.set("syntheticDataMode", 2 if enabled else 0)
         return self
 

@@ -1,0 +1,357 @@
+"""Runs Graphcore's model-garden applications, unmodified, on poptorch_sim and prints a table.
+
+For each application (``apps.APPS``): a scratch environment (created once, reused), the app's
+requirements installed where they install, its tests (pytest, JUnit XML) and its training
+command; every failure is sorted by ``classify.classify``. Invoked by ``run.sh``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from apps import APPS, NOT_ATTEMPTED, SKIPPED_REQUIREMENTS, App  # noqa: E402
+from classify import CLASSES, classify  # noqa: E402
+
+_NAME = re.compile(r"^\s*([A-Za-z0-9_.\-]+)(\[[^\]]*\])?")
+
+
+@dataclass
+class Step:
+    """What one step (install, tests, train) gave."""
+
+    app: str
+    what: str
+    result: str
+    classes: Counter[str] = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _requirement_name(line: str) -> str:
+    if line.startswith("git+"):  # git+https://host/owner/Name.git@ref: the package Name
+        line = line.split("@")[-2 if line.count("@") > 1 else 0].rstrip("/").split("/")[-1]
+        line = line.removesuffix(".git")
+    match = _NAME.match(line)
+    return match.group(1).lower().replace("_", "-") if match else ""
+
+
+_VCS = re.compile(r"git\+https?://[^@\s]+/([^/@\s]+?)(?:\.git)?(?:@([^\s#;]+))?(?=$|[\s#;])")
+
+
+def _from_clone(line: str, clones: Path | None) -> str:
+    """``line`` with a ``git+https://host/owner/NAME@ref`` URL replaced by the local clone
+    ``clones/NAME`` (checked out at ``ref``), when there is one."""
+    match = _VCS.search(line)
+    if clones is None or match is None or not (clones / match.group(1)).is_dir():
+        return line
+    clone = clones / match.group(1)
+    if match.group(2):
+        subprocess.run(["git", "-C", str(clone), "checkout", "-q", match.group(2)], check=False)
+    target = str(clone) if " @ " in line else f"{_requirement_name(line)} @ file://{clone}"
+    if " @ " in line:
+        return line[: match.start()] + f"file://{target}" + line[match.end() :]
+    return target
+
+
+def _requirements(
+    app: App, checkout: Path, skipped: list[str], clones: Path | None = None
+) -> list[str]:
+    """The app's requirement lines, without the skipped ones, with ``app.pins`` applied and
+    git URLs taken from local ``clones``; lines not attempted are appended to ``skipped``."""
+    path = checkout / app.path / "requirements.txt"
+    lines = []
+    for raw in path.read_text().splitlines() if path.exists() else []:
+        line = raw.split(" #")[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        name = _requirement_name(line)
+        if any(line.startswith(s) or name == s for s in SKIPPED_REQUIREMENTS):
+            continue
+        if name in NOT_ATTEMPTED:
+            skipped.append(f"{line} ({NOT_ATTEMPTED[name]})")
+            continue
+        line = _from_clone(line, clones)
+        if name in app.pins:  # a version, or "" for the newest
+            line = f"{name}=={app.pins[name]}" if app.pins[name] else name
+        if line not in lines:
+            lines.append(line)
+    return lines
+
+
+def _run(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict[str, str]) -> int:
+    """Run ``cmd`` in its own process group, output to ``log``; -9 when it ran out of time
+    (interrupted, then killed a minute later if still running)."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)  # pytest still writes its report on Ctrl-C
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            with log.open("a") as tail:
+                tail.write(f"\n[model_garden] timed out after {timeout:.0f} s\n")
+            return -9
+
+
+def make_env(
+    app: App, checkout: Path, project: Path, work: Path, clones: Path | None = None
+) -> tuple[Path, Step]:
+    """The app's scratch environment (made on first use) and what installing gave."""
+    env_dir = work / "envs" / app.key
+    python = env_dir / "bin" / "python"
+    step = Step(app.key, "install requirements", "")
+    start = time.perf_counter()
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
+        purelib = subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            text=True,
+        ).strip()
+        shared = [p for p in site.getsitepackages() if Path(p).is_dir()]
+        # After the env's own site-packages: the app's pins win, the project fills the rest.
+        Path(purelib, "poptorch_sim_project.pth").write_text("\n".join([str(project), *shared]))
+    record = env_dir / "model_garden_install.json"
+    if record.exists():  # installed by an earlier run: reuse (delete the folder to redo)
+        done = json.loads(record.read_text())
+        step.result, step.notes = done["result"], done["notes"]
+        step.classes.update(done["classes"])
+        return python, step
+    skipped: list[str] = []
+    lines = _requirements(app, checkout, skipped, clones)
+    constraints = work / "constraints.txt"
+    import numpy  # noqa: PLC0415  (the project's numpy stays; pip sees the project's torch)
+
+    constraints.write_text(f"numpy=={numpy.__version__}\n")
+    reqs = work / f"{app.key}-requirements.txt"
+    reqs.write_text("\n".join(lines) + "\n")
+    pip = [
+        str(python),
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "-c",
+        str(constraints),
+    ]
+    cargo = Path.home() / ".cargo" / "bin"  # rustup's default: old tokenizers build from source
+    env = {**os.environ, "PIP_NO_INPUT": "1", "PATH": f"{cargo}{os.pathsep}{os.environ['PATH']}"}
+    log = work / f"{app.key}-install.log"
+    failed: list[str] = []
+    kept: list[str] = []
+    if lines and _run([*pip, "-r", str(reqs)], checkout, log, 1800, env) != 0:
+        for line in lines:  # one at a time: keep what installs
+            name = _requirement_name(line)
+            one = work / f"{app.key}-install-{name}.log"
+            if _run([*pip, line], checkout, one, 900, env) == 0:
+                kept.append(line)
+                continue
+            newest = work / f"{app.key}-install-{name}-newest.log"
+            pinned = "==" in line or "git+" in line
+            if pinned and name and _run([*pip, name], checkout, newest, 900, env) == 0:
+                step.notes.append(f"{line} did not install: the newest {name} did")
+                continue
+            failed.append(line)
+        # A later line's dependencies may have moved an earlier pin: put the pins back.
+        pinned = work / f"{app.key}-pinned.txt"
+        pinned.write_text("\n".join(x for x in kept if "==" in x) + "\n")
+        _run([*pip, "--no-deps", "-r", str(pinned)], checkout, work / "pins.log", 900, env)
+    step.result = f"{len(lines) - len(failed)}/{len(lines)} installed"
+    _stand_ins(python, project, step)
+    if failed:
+        step.classes["environment"] += len(failed)
+        step.notes.append("not installed: " + ", ".join(failed))
+    if skipped:
+        step.notes.append("not attempted: " + ", ".join(skipped))
+    step.seconds = time.perf_counter() - start
+    done = {"result": step.result, "notes": step.notes, "classes": dict(step.classes)}
+    record.write_text(json.dumps(done))
+    return python, step
+
+
+def _stand_ins(python: Path, project: Path, step: Step) -> None:
+    """Put the single-process Horovod stand-in on the path if the real one did not install."""
+    probe = subprocess.run(
+        [str(python), "-c", "import horovod.torch, horovod; print(horovod.__version__)"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode == 0 and "stand-in" not in probe.stdout:
+        return
+    purelib = subprocess.check_output(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+    ).strip()
+    Path(purelib, "zz_model_garden_stand_ins.pth").write_text(
+        str(Path(__file__).parent / "standins")
+    )
+    step.notes.append("horovod: the single-process stand-in (standins/horovod)")
+
+
+def _ini_python_paths(checkout: Path) -> list[str]:
+    """The checkout's ``pytest.ini`` ``python_paths`` (set by the pytest-pythonpath plugin,
+    which predates the pytest here): put on PYTHONPATH instead."""
+    ini = checkout / "pytest.ini"
+    for line in ini.read_text().splitlines() if ini.exists() else []:
+        if line.strip().startswith("python_paths"):
+            return [str(checkout / p) for p in line.split("=", 1)[1].split()]
+    return []
+
+
+def run_tests(app: App, python: Path, checkout: Path, project: Path, work: Path, timeout: float):
+    """The app's pytest run, each failure classified."""
+    step = Step(app.key, "tests: pytest " + " ".join(app.tests), "")
+    if not app.tests:
+        step.result = "no tests"
+        return step
+    xml = work / f"{app.key}-tests.xml"
+    xml.unlink(missing_ok=True)
+    cmd = [str(python), "-m", "pytest", *app.tests, "-p", "no:cacheprovider", "-q", "-rN"]
+    cmd += ["--junitxml", str(xml), "-o", "junit_logging=all"]
+    start = time.perf_counter()
+    env = _env(app, python)
+    env["PYTHONPATH"] = os.pathsep.join([*_ini_python_paths(checkout), env.get("PYTHONPATH", "")])
+    rc = _run(cmd, checkout / app.path, work / f"{app.key}-tests.log", timeout, env)
+    step.seconds = time.perf_counter() - start
+    if not xml.exists():
+        text = (work / f"{app.key}-tests.log").read_text(errors="replace")[-4000:]
+        step.result = f"no report (exit {rc})"
+        step.classes[classify(text, str(project))] += 1
+        return step
+    counts: Counter[str] = Counter()
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        if case.find("skipped") is not None:
+            counts["skipped"] += 1
+        elif bad is None:
+            counts["passed"] += 1
+        else:
+            counts["failed"] += 1
+            text = (bad.get("message") or "") + "\n" + (bad.text or "")
+            kind = classify(text, str(project))
+            step.classes[kind] += 1
+            if kind == "poptorch_sim":
+                step.notes.append(f"{case.get('name')}: {(bad.get('message') or '')[:160]}")
+    step.result = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped"))
+    if rc == -9:
+        step.result += " (stopped at the time limit)"
+    return step
+
+
+def run_train(app: App, python: Path, checkout: Path, project: Path, work: Path, timeout: float):
+    """The app's training command, its failure classified from the log's tail."""
+    step = Step(app.key, "train: " + " ".join(app.train), "")
+    log = work / f"{app.key}-train.log"
+    start = time.perf_counter()
+    rc = _run([str(python), *app.train], checkout / app.path, log, timeout, _env(app, python))
+    step.seconds = time.perf_counter() - start
+    if rc == 0:
+        step.result = "passed"
+        return step
+    step.result = "failed" if rc != -9 else "stopped at the time limit"
+    tail = log.read_text(errors="replace")[-6000:]
+    kind = classify(tail, str(project))
+    step.classes[kind] += 1
+    last = [line for line in tail.splitlines() if line.strip()][-1:] or [""]
+    step.notes.append(last[0][:200])
+    return step
+
+
+def _env(app: App, python: Path) -> dict[str, str]:
+    """The app's environment, activated: apps' tests start ``python`` from PATH."""
+    bin_dir = python.parent
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "VIRTUAL_ENV": str(bin_dir.parent),
+        "PYTHONUNBUFFERED": "1",
+        "WANDB_MODE": "disabled",
+        **app.env,
+    }
+
+
+def table(steps: list[Step]) -> str:
+    """A markdown table of ``steps``."""
+    rows = ["| app | what ran | result | failures by class | notes |", "|---|---|---|---|---|"]
+    for s in steps:
+        classes = ", ".join(f"{s.classes[c]} {c}" for c in CLASSES if s.classes[c]) or "-"
+        notes = "; ".join(s.notes).replace("|", "/")[:400] or ""
+        rows.append(
+            f"| {s.app} | {s.what} ({s.seconds:.0f} s) | {s.result} | {classes} | {notes} |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("checkout", type=Path, help="a clone of github.com/graphcore/examples")
+    parser.add_argument("--project", type=Path, required=True)
+    parser.add_argument("--apps", default=",".join(APPS))
+    parser.add_argument("--work", type=Path, default=Path("model_garden_work"))
+    parser.add_argument("--steps", default="tests,train")
+    parser.add_argument(
+        "--clones",
+        type=Path,
+        help="a folder of local git clones (e.g. examples-utils) for requirements given as "
+        "git+https URLs, used where the URL cannot be reached",
+    )
+    parser.add_argument("--test-timeout", type=float, default=1800)
+    parser.add_argument("--train-timeout", type=float, default=1200)
+    parser.add_argument("--clean", action="store_true", help="delete the environments at the end")
+    args = parser.parse_args()
+    checkout, project, work = args.checkout.resolve(), args.project.resolve(), args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    steps: list[Step] = []
+    for key in args.apps.split(","):
+        app = APPS[key]
+        python, installed = make_env(app, checkout, project, work, args.clones)
+        steps.append(installed)
+        if "tests" in args.steps:
+            steps.append(run_tests(app, python, checkout, project, work, args.test_timeout))
+        if "train" in args.steps:
+            steps.append(run_train(app, python, checkout, project, work, args.train_timeout))
+        print(table(steps[-3:]).splitlines()[-1], flush=True)
+        if args.clean:
+            shutil.rmtree(work / "envs" / app.key, ignore_errors=True)
+    commit = subprocess.run(
+        ["git", "-C", str(project), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    examples = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    header = (
+        f"{stamp}; poptorch_sim {commit}; graphcore/examples {examples}; "
+        f"Python {platform.python_version()} on {platform.machine()} ({os.cpu_count()} CPUs)"
+    )
+    text = header + "\n\n" + table(steps)
+    (work / "table.md").write_text(text + "\n")
+    print("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
