@@ -47,6 +47,7 @@ from torch.overrides import TorchFunctionMode
 from ..ipu_context import running_on_ipu
 from ..ops import loss as loss_ops
 from ..ops.blocks import recording_blocks
+from .containers import flat_outputs
 from .signature import map_tensor_inputs
 from .tracer import (
     _CONSTANT_PREFIX,
@@ -176,7 +177,7 @@ class _FlatInputs(nn.Module):
         args, kwargs = map_tensor_inputs(self._signature, *self._call, lambda _n, _t: next(flat))
         self._stamper.active = True
         try:
-            return getattr(self, _ROOT)(*args, **kwargs)
+            return flat_outputs(getattr(self, _ROOT)(*args, **kwargs))
         finally:
             self._stamper.active = False
 
@@ -184,12 +185,22 @@ class _FlatInputs(nn.Module):
 def _export_error(model: nn.Module, exc: BaseException) -> TraceFailure:
     where = _user_location(traceback.extract_tb(exc.__traceback__))
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if "in output, which is not a known type" in first:
+        fix = (
+            "forward returns an object whose tensors torch's pytree cannot reach (capture "
+            "flattens transformers' DynamicCache and EncoderDecoderCache; see [Note: cache "
+            "objects in the outputs]). Return its tensors instead, or register the class with "
+            "torch.utils._pytree.register_pytree_node."
+        )
+    else:
+        fix = (
+            "Control flow on tensor values (if/while on a tensor, .item(), .tolist(), nonzero "
+            "sizes) depends on data no capture has. Make that code depend on shapes or "
+            "constants only, or move it out of forward."
+        )
     return TraceFailure(
         f"poptorch_sim cannot capture {type(model).__name__}.forward with torch.export "
-        f"(non-strict): {type(exc).__name__}: {first}\n  at {where}\n"
-        "Control flow on tensor values (if/while on a tensor, .item(), .tolist(), nonzero "
-        "sizes) depends on data no capture has. Make that code depend on shapes or constants "
-        "only, or move it out of forward."
+        f"(non-strict): {type(exc).__name__}: {first}\n  at {where}\n{fix}"
     )
 
 
