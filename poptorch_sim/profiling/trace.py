@@ -59,6 +59,7 @@ class TraceRecorder:
     def __init__(self) -> None:
         self._origin_ns = time.perf_counter_ns()
         self._events: list[TraceEvent] = []
+        self._counters: list[tuple[float, int, str, float]] = []  # (us, IPU, name, value)
         self._lock = threading.Lock()
 
     def now_ns(self) -> int:
@@ -91,6 +92,19 @@ class TraceRecorder:
         with self._lock:
             self._events.append(event)
 
+    def count(self, ipu: int, name: str, value: float) -> None:
+        """Record that IPU ``ipu``'s counter ``name`` (e.g. its intra-op ``threads``) is
+        ``value`` from now on; Perfetto shows it as the counter track ``IPU <ipu> <name>``."""
+        at_us = (time.perf_counter_ns() - self._origin_ns) / 1e3
+        with self._lock:
+            self._counters.append((at_us, ipu, name, value))
+
+    @property
+    def counters(self) -> list[tuple[float, int, str, float]]:
+        """A snapshot of the counter values recorded so far: ``(us, IPU, name, value)``."""
+        with self._lock:
+            return sorted(self._counters)
+
     @contextmanager
     def span(
         self,
@@ -120,6 +134,7 @@ class TraceRecorder:
         """Forget every event (the clock origin is kept)."""
         with self._lock:
             self._events.clear()
+            self._counters.clear()
 
     def to_chrome(self) -> dict[str, Any]:
         """The events in Chrome trace event format, one named thread track per IPU."""
@@ -155,7 +170,17 @@ class TraceRecorder:
             }
             for e in events
         ]
-        return {"traceEvents": meta + complete, "displayTimeUnit": "ms"}
+        counters = [
+            {
+                "name": f"IPU {ipu} {name}",
+                "ph": "C",
+                "ts": round(at_us, 3),
+                "pid": _PID,
+                "args": {name: value},
+            }
+            for at_us, ipu, name, value in self.counters
+        ]
+        return {"traceEvents": meta + complete + counters, "displayTimeUnit": "ms"}
 
     def write(self, path: str | Path) -> Path:
         """Write the Chrome-trace JSON to ``path`` and print where it went.
