@@ -192,11 +192,16 @@ def _export_error(model: nn.Module, exc: BaseException) -> TraceFailure:
             "objects in the outputs]). Return its tensors instead, or register the class with "
             "torch.utils._pytree.register_pytree_node."
         )
-    else:
+    elif "data-dependent" in str(exc) or "DataDependent" in type(exc).__name__:
         fix = (
             "Control flow on tensor values (if/while on a tensor, .item(), .tolist(), nonzero "
             "sizes) depends on data no capture has. Make that code depend on shapes or "
             "constants only, or move it out of forward."
+        )
+    else:
+        fix = (
+            "forward raised this while torch.export ran it on fake tensors; if it is a bug in "
+            "forward, the eager run that follows raises it again."
         )
     return TraceFailure(
         f"poptorch_sim cannot capture {type(model).__name__}.forward with torch.export "
