@@ -5,7 +5,9 @@ counts; the one-thread loop wherever threads could change the result; failures n
 from __future__ import annotations
 
 import copy
+import gc
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -159,4 +161,18 @@ def test_a_failing_replica_is_named_and_the_model_runs_again() -> None:
     torch.testing.assert_close(inference(good), FailsOnReplica.forward(inference.model, good))
     threads = inference._executable.program.replica_threads._threads
     inference.destroy()
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_a_replicated_model_dropped_without_destroy_stops_its_threads() -> None:
+    opts = poptorch.Options().replicationFactor(2)
+    inference = poptorch.inferenceModel(nn.Linear(2, 2), opts)
+    inference(torch.ones(4, 2))
+    threads = list(inference._executable.program.replica_threads._threads)
+    assert all(t.is_alive() for t in threads)
+    del inference
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not any(t.is_alive() for t in threads)

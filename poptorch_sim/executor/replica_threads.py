@@ -89,6 +89,66 @@ class _Job:
         self.done = threading.Event()  # the thread left the job
 
 
+class _Replica:
+    """What one replica thread holds (never the ``ReplicaThreads``, so that a dropped program
+    is collected and its finalizer stops the threads)."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        params: list[nn.Parameter],
+        loss_leaf: int | None,
+        threads: int,
+        ready: threading.Semaphore,
+    ) -> None:
+        self.module, self.params, self.loss_leaf = module, params, loss_leaf
+        self.threads, self.ready = threads, ready
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.results: queue.Queue[Any] = queue.Queue(maxsize=2)
+
+    def main(self) -> None:
+        set_worker_threads(self.threads)
+        self.ready.release()
+        while True:
+            job = self.inbox.get()
+            if job is _STOP:
+                return
+            position = 0  # the replica's micro-batch being computed
+            try:
+                for result in self._compute(job):
+                    if not self._put((True, result), job):
+                        break
+                    position += 1
+            except BaseException as exc:  # reported, never raised across threads
+                self._put((False, (position, exc)), job)
+            finally:
+                job.done.set()
+
+    def _compute(self, job: _Job) -> Iterator[Result]:
+        for mb in job.micro_batches:
+            with running_on_ipu(), training_graph(job.training):
+                with torch.set_grad_enabled(job.training):
+                    out = self.module(*mb.args, **mb.kwargs)
+            leaves = pytree.tree_leaves(out)
+            grads = None
+            if job.training and self.loss_leaf is not None:
+                loss = leaves[self.loss_leaf]
+                if loss.grad_fn is not None:
+                    seed = torch.full_like(loss, job.scale)
+                    grads = list(torch.autograd.grad(loss, self.params, seed, allow_unused=True))
+            yield [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves], grads
+
+    def _put(self, item: Any, job: _Job) -> bool:
+        """Hand ``item`` to the caller; False when the caller gave the job up."""
+        while not job.abort.is_set():
+            try:
+                self.results.put(item, timeout=POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
 class ReplicaThreads:
     """The replica threads of one program. See [Note: replicas on threads].
 
@@ -106,28 +166,32 @@ class ReplicaThreads:
         buffers: ReplicaBuffers | None,
         loss_leaf: int | None,
     ) -> None:
-        self.model, self.buffers, self.loss_leaf = model, buffers, loss_leaf
+        self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.modules = replica_copies(model, replicas, buffers)
         main = torch.get_num_threads()
         pinned = pinned_threads_per_ipu(None)
         self.threads_per_replica = pinned if pinned is not None else max(1, main // replicas)
-        self._inboxes: list[queue.Queue[Any]] = [queue.Queue() for _ in range(replicas)]
-        self._results: list[queue.Queue[Any]] = [queue.Queue(maxsize=2) for _ in range(replicas)]
-        self._threads = [
-            threading.Thread(
-                target=self._main, args=(r,), name=f"poptorch_sim replica {r}", daemon=True
-            )
-            for r in range(replicas)
-        ]
         ready = threading.Semaphore(0)
-        self._ready = ready
+        self._replicas = [
+            _Replica(module, self.params, loss_leaf, self.threads_per_replica, ready)
+            for module in replica_copies(model, replicas, buffers)
+        ]
+        self._threads = [
+            threading.Thread(target=rep.main, name=f"poptorch_sim replica {r}", daemon=True)
+            for r, rep in enumerate(self._replicas)
+        ]
         for thread in self._threads:
             thread.start()
         for _ in self._threads:
             ready.acquire(timeout=JOIN_TIMEOUT_S)
         restore_default_threads(main)  # See [Note: per-thread intra-op threads]
-        self._finalizer = weakref.finalize(self, _shutdown, self._inboxes, self._threads)
+        inboxes = [rep.inbox for rep in self._replicas]
+        self._finalizer = weakref.finalize(self, _shutdown, inboxes, self._threads)
+
+    @property
+    def modules(self) -> list[nn.Module]:
+        """Each replica's copy of the model."""
+        return [rep.module for rep in self._replicas]
 
     def current(self) -> bool:
         """Whether the copies still hold the model's parameters (not replaced since)."""
@@ -138,7 +202,6 @@ class ReplicaThreads:
         """Stop and join the threads."""
         self._finalizer()
 
-    # -- the caller's side ----------------------------------------------------------------------
     def run(
         self,
         items: list[tuple[int, BoundArgs]],
@@ -146,16 +209,20 @@ class ReplicaThreads:
         loss_scale: float,
         collect: Callable[[list[Any]], None],
     ) -> None:
-        """One device iteration's ``(replica, micro-batch)`` items, in [GA, R] order."""
-        per_replica: list[list[BoundArgs]] = [[] for _ in self._threads]
+        """One device iteration's ``(replica, micro-batch)`` items, in [GA, R] order.
+
+        Raises:
+            Error: a replica failed (names it and its micro-batch; chained from the original).
+        """
+        per_replica: list[list[BoundArgs]] = [[] for _ in self._replicas]
         for r, mb in items:
             per_replica[r].append(mb)
         jobs = [_Job(mbs, training, loss_scale) for mbs in per_replica]
-        for inbox, job in zip(self._inboxes, jobs):
-            inbox.put(job)
+        for rep, job in zip(self._replicas, jobs):
+            rep.inbox.put(job)
         try:
             for r, _mb in items:
-                leaves, grads = self._take(r, jobs)
+                leaves, grads = self._take(r)
                 if grads is not None:
                     _accumulate(self.params, grads)
                 collect(leaves)
@@ -164,10 +231,10 @@ class ReplicaThreads:
                 job.abort.set()
             self._drain(jobs)
 
-    def _take(self, r: int, jobs: list[_Job]) -> Result:
+    def _take(self, r: int) -> Result:
         while True:
             try:
-                ok, payload = self._results[r].get(timeout=POLL_S)
+                ok, payload = self._replicas[r].results.get(timeout=POLL_S)
             except queue.Empty:
                 if not self._threads[r].is_alive():
                     raise Error(
@@ -181,58 +248,14 @@ class ReplicaThreads:
 
     def _drain(self, jobs: list[_Job]) -> None:
         """Empty the result queues once every thread has left its job (after a failure)."""
-        for r, job in enumerate(jobs):
-            while not job.done.is_set() and self._threads[r].is_alive():
+        for rep, thread, job in zip(self._replicas, self._threads, jobs):
+            while not job.done.is_set() and thread.is_alive():
                 try:
-                    self._results[r].get(timeout=POLL_S)
+                    rep.results.get(timeout=POLL_S)
                 except queue.Empty:
                     continue
-            while not self._results[r].empty():
-                self._results[r].get_nowait()
-
-    # -- the replica threads --------------------------------------------------------------------
-    def _main(self, r: int) -> None:
-        set_worker_threads(self.threads_per_replica)
-        self._ready.release()
-        while True:
-            job = self._inboxes[r].get()
-            if job is _STOP:
-                return
-            position = 0  # the replica's micro-batch being computed
-            try:
-                for result in self._compute(r, job):
-                    if not self._put(r, (True, result), job):
-                        break
-                    position += 1
-            except BaseException as exc:  # reported, never raised across threads
-                self._put(r, (False, (position, exc)), job)
-            finally:
-                job.done.set()
-
-    def _compute(self, r: int, job: _Job) -> Iterator[Result]:
-        module = self.modules[r]
-        for mb in job.micro_batches:
-            with running_on_ipu(), training_graph(job.training):
-                with torch.set_grad_enabled(job.training):
-                    out = module(*mb.args, **mb.kwargs)
-            leaves = pytree.tree_leaves(out)
-            grads = None
-            if job.training and self.loss_leaf is not None:
-                loss = leaves[self.loss_leaf]
-                if loss.grad_fn is not None:
-                    seed = torch.full_like(loss, job.scale)
-                    grads = list(torch.autograd.grad(loss, self.params, seed, allow_unused=True))
-            yield [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves], grads
-
-    def _put(self, r: int, item: Any, job: _Job) -> bool:
-        """Hand ``item`` to the caller; False when the caller gave the job up."""
-        while not job.abort.is_set():
-            try:
-                self._results[r].put(item, timeout=POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+            while not rep.results.empty():
+                rep.results.get_nowait()
 
 
 def _accumulate(params: list[nn.Parameter], grads: list[torch.Tensor | None]) -> None:
