@@ -408,8 +408,8 @@ def main() -> None:
                 row(case, s, strategy, kind == "train", steps, cores, 0 if args.quick else 2)
     for name in names:
         print(
-            f"{CASES[name].name}: eager training on {cores} threads "
-            f"{model_ceiling(CASES[name], s, cores):.2f}x faster than on 1",
+            f"{CASES[name].name}: eager training ran {model_ceiling(CASES[name], s, cores):.2f}x "
+            f"as fast on {cores} threads as on 1",
             flush=True,
         )
 
