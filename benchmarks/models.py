@@ -390,7 +390,7 @@ def main() -> None:
         names = [n for n in names if not n.startswith("resnet")]
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {cores} cores")
     print(
-        f"thread ceiling: {cores} threads ran 512x512 matmuls {ceiling(cores):.2f}x faster than 1"
+        f"thread ceiling: 512x512 matmuls ran {ceiling(cores):.2f}x as fast on {cores} threads as on 1"
     )
     print(
         f"hidden {s.hidden}, {s.layers} layers, sequence {s.seq}, images {s.image}x{s.image}, "
