@@ -374,6 +374,9 @@ def main() -> None:
     parser.add_argument("--only", default="", help=f"comma-separated of {', '.join(CASES)}")
     parser.add_argument("--strategies", default="pipelined,sharded")
     parser.add_argument("--kinds", default="train,infer")
+    parser.add_argument(
+        "--no-model-ceilings", action="store_true", help="skip each model's 1-thread eager steps"
+    )
     for field in ("hidden", "layers", "seq", "micro", "ga", "image"):
         parser.add_argument(f"--{field}", type=int, help=f"override the size's {field}")
     args = parser.parse_args()
@@ -406,7 +409,7 @@ def main() -> None:
                 if case.cut is not None and strategy == "sharded":
                     continue  # PopRT's cut gives stages; its rows are pipelined
                 row(case, s, strategy, kind == "train", steps, cores, 0 if args.quick else 2)
-    for name in names:
+    for name in [] if args.no_model_ceilings else names:
         print(
             f"{CASES[name].name}: eager training ran {model_ceiling(CASES[name], s, cores):.2f}x "
             f"as fast on {cores} threads as on 1",
