@@ -1,34 +1,37 @@
-"""Real models on 4 simulated IPUs: per-step time against eager PyTorch, and compile time.
+"""The real-model scoreboard: each model split over IPUs against eager PyTorch on all cores.
 
-* step: one ``trainingModel`` call = ``GA`` micro-batches forward + backward through the
-  pipeline and one optimizer step (SGD). The baseline is the same model in eager PyTorch on the
-  main thread with every core (``torch.set_num_threads(os.cpu_count())``): the same ``GA``
-  micro-batches, ``loss / GA`` backward each, one step; and the same on one thread (steadier
-  than the all-cores figure when other processes hold cores). All are measured in the same run,
-  interleaved, and reported as medians with their ratios.
-* BERT: ``BertForSequenceClassification``, embeddings and encoder layers in blocks placed as
-  optimum-graphcore places them (embeddings on IPU 0, layers spread over IPUs 0-3, the
-  classifier on IPU 3), ``PipelinedExecution``.
-* GPT-2: ``GPT2LMHeadModel`` with tied embeddings, layers on IPUs 1-3 and the LM head back on
-  IPU 0 (5 pipeline stages, ``AutoStage.AutoIncrement``).
-* compile: ``trainingModel(...).compile(...)`` of a BERT-base-sized model (12 layers, hidden 768,
-  random init), and the capture (``torch.export``) alone.
+Rows: BERT, GPT-2 (its default config: ``use_cache=True``, a ``DynamicCache`` in the outputs),
+T5 (encoder-decoder), ViT, ResNet-50 (blocks on ``layer1``-``layer4``, and PopRT's manual cut)
+and a Llama-style ``LlamaForCausalLM``; each pipelined and sharded, training and inference.
 
-Four IPU worker threads share the machine's cores, so on a two-core machine the pipeline cannot
-beat eager PyTorch: the figures show what the simulation costs, not an IPU's speed.
+* training: one ``trainingModel`` call = ``GA`` micro-batches forward + backward and one SGD
+  step. Eager: the same micro-batches on the main thread, ``loss / GA`` backward each, one step.
+* inference: one ``inferenceModel`` call of ``DI`` micro-batches. Eager: the same micro-batches
+  under ``torch.no_grad()``.
+* eager runs with every core (``torch.set_num_threads(cores)``); poptorch_sim's IPU workers
+  share the same cores (see [Note: cores follow the work] in ``runtime/cores.py``).
+* each row: warm-up calls (the first compiles; the pipelined split settles after three), then
+  ``--steps`` interleaved pairs (poptorch_sim, eager); medians. ``eager / sim`` above 1 means
+  the simulated IPUs were faster than plain PyTorch.
+* the machine's thread ceiling: how much faster the same matmuls ran on all cores than on one
+  (a quiet two-core machine gives about 2; a loaded one less), and per model the same ratio of
+  its eager training step.
 
-Run: ``.venv/bin/python benchmarks/models.py [--quick] [--steps N]``
+Run: ``python benchmarks/models.py [--quick] [--steps N] [--only gpt2,bert]``
+(``--quick`` uses tiny configs and takes seconds.)
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,155 +41,380 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 import transformers  # noqa: E402
 
+try:
+    from torchvision.models.resnet import Bottleneck, ResNet
+except ImportError:  # the ResNet-50 rows are left out
+    Bottleneck = ResNet = None  # type: ignore[assignment,misc]
+
 import poptorch_sim as poptorch  # noqa: E402
-from poptorch_sim.compiler.capture import capture_model  # noqa: E402
 
 Batch = dict[str, torch.Tensor]
+AUTO, SAME = poptorch.AutoStage.AutoIncrement, poptorch.AutoStage.SameAsIpu
+POPRT_CUT = {"add": 0, "layer4_0_bn3": 1, "add_13": 2}  # as benchmarks/sharding.py
 
 
-def bert(layers: int, hidden: int, ipus: int = 4) -> nn.Module:
-    """BertForSequenceClassification with optimum-graphcore's placement over ``ipus`` IPUs."""
+@dataclass
+class Size:
+    hidden: int
+    layers: int
+    seq: int
+    micro: int
+    ga: int
+    image: int
+    vocab: float = 1.0  # of each model's default vocabulary (the LM heads' width)
+
+
+QUICK = Size(hidden=64, layers=4, seq=16, micro=2, ga=4, image=32, vocab=0.02)
+FULL = Size(hidden=256, layers=4, seq=128, micro=4, ga=10, image=64)
+
+
+# -- models, blocks placed as optimum-graphcore places them ---------------------------------------
+def _spread(layers: int, ipus: list[int]) -> list[int]:
+    return [ipus[i * len(ipus) // layers] for i in range(layers)]
+
+
+def bert(s: Size) -> nn.Module:
     config = transformers.BertConfig(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        intermediate_size=4 * hidden,
+        hidden_size=s.hidden,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.hidden // 64 or 1,
+        intermediate_size=4 * s.hidden,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
         num_labels=2,
+        vocab_size=int(30522 * s.vocab),
     )
     model = transformers.BertForSequenceClassification(config)
     model.bert.embeddings = poptorch.BeginBlock(model.bert.embeddings, "Embedding", ipu_id=0)
-    per_ipu = -(-layers // ipus)
-    for i, layer in enumerate(model.bert.encoder.layer):
-        model.bert.encoder.layer[i] = poptorch.BeginBlock(layer, f"Encoder{i}", i // per_ipu)
-    model.classifier = poptorch.BeginBlock(model.classifier, "Classifier", ipu_id=ipus - 1)
+    for i, ipu in enumerate(_spread(s.layers, [0, 1])):
+        layer = model.bert.encoder.layer[i]
+        model.bert.encoder.layer[i] = poptorch.BeginBlock(layer, f"Encoder{i}", ipu_id=ipu)
+    model.classifier = poptorch.BeginBlock(model.classifier, "Classifier", ipu_id=1)
     return model
 
 
-def gpt2(layers: int, hidden: int) -> nn.Module:
-    """GPT2LMHeadModel: embeddings and the tied LM head on IPU 0, layers over IPUs 1-3."""
+def gpt2(s: Size) -> nn.Module:
+    """Default config but sizes and dropout: wte on IPU 0, layers on 1-3, tied head on IPU 0."""
     config = transformers.GPT2Config(
-        n_embd=hidden,
-        n_layer=layers,
-        n_head=hidden // 64,
+        n_embd=s.hidden,
+        n_layer=s.layers,
+        n_head=max(1, s.hidden // 64),
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
-        use_cache=False,
+        vocab_size=int(50257 * s.vocab),
     )
     model = transformers.GPT2LMHeadModel(config)
     t = model.transformer
     t.wte = poptorch.BeginBlock(t.wte, "Token embedding", ipu_id=0)
-    per_ipu = -(-layers // 3)
-    for i, layer in enumerate(t.h):
-        t.h[i] = poptorch.BeginBlock(layer, f"Layer{i}", ipu_id=1 + i // per_ipu)
+    for i, ipu in enumerate(_spread(s.layers, [1, 2, 3])):
+        t.h[i] = poptorch.BeginBlock(t.h[i], f"Layer{i}", ipu_id=ipu)
     model.lm_head = poptorch.BeginBlock(model.lm_head, "LM head", ipu_id=0)
     return model
 
 
-def text(n: int, seq: int, vocab: int, labels: str) -> Batch:
-    ids = torch.randint(0, vocab, (n, seq))
-    batch = {"input_ids": ids, "attention_mask": torch.ones(n, seq, dtype=torch.long)}
-    batch["labels"] = ids.clone() if labels == "tokens" else torch.randint(0, 2, (n,))
+def llama(s: Size) -> nn.Module:
+    config = transformers.LlamaConfig(
+        hidden_size=s.hidden,
+        intermediate_size=4 * s.hidden,
+        num_hidden_layers=s.layers,
+        num_attention_heads=max(1, s.hidden // 64),
+        num_key_value_heads=max(1, s.hidden // 128),
+        max_position_embeddings=max(s.seq, 16),
+        vocab_size=int(32000 * s.vocab),
+    )
+    model = transformers.LlamaForCausalLM(config)
+    body = model.model
+    body.embed_tokens = poptorch.BeginBlock(body.embed_tokens, "Embedding", ipu_id=0)
+    for i, ipu in enumerate(_spread(s.layers, [1, 2, 3])):
+        body.layers[i] = poptorch.BeginBlock(body.layers[i], f"Layer{i}", ipu_id=ipu)
+    model.lm_head = poptorch.BeginBlock(model.lm_head, "LM head", ipu_id=0)
+    return model
+
+
+def t5(s: Size) -> nn.Module:
+    config = transformers.T5Config(
+        d_model=s.hidden,
+        d_kv=64 if s.hidden >= 64 else s.hidden,
+        d_ff=4 * s.hidden,
+        num_layers=s.layers // 2,
+        num_decoder_layers=s.layers // 2,
+        num_heads=max(1, s.hidden // 64),
+        dropout_rate=0.0,
+        vocab_size=int(32128 * s.vocab),
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
+    model = transformers.T5ForConditionalGeneration(config)
+    enc, dec = model.encoder, model.decoder
+    enc.embed_tokens = poptorch.BeginBlock(enc.embed_tokens, "Embedding", ipu_id=0)
+    for i, ipu in enumerate(_spread(len(enc.block), [0, 1])):
+        enc.block[i] = poptorch.BeginBlock(enc.block[i], f"Encoder{i}", ipu_id=ipu)
+    dec.embed_tokens = poptorch.BeginBlock(dec.embed_tokens, "Decoder embedding", ipu_id=0)
+    for i, ipu in enumerate(_spread(len(dec.block), [2, 3])):
+        dec.block[i] = poptorch.BeginBlock(dec.block[i], f"Decoder{i}", ipu_id=ipu)
+    model.lm_head = poptorch.BeginBlock(model.lm_head, "LM head", ipu_id=0)
+    return model
+
+
+def vit(s: Size) -> nn.Module:
+    config = transformers.ViTConfig(
+        image_size=s.image,
+        patch_size=8,
+        hidden_size=s.hidden,
+        num_hidden_layers=s.layers,
+        num_attention_heads=max(1, s.hidden // 64),
+        intermediate_size=4 * s.hidden,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=10,
+    )
+    model = transformers.ViTForImageClassification(config)
+    model.vit.embeddings = poptorch.BeginBlock(model.vit.embeddings, "Embedding", ipu_id=0)
+    layers = model.vit.layers if hasattr(model.vit, "layers") else model.vit.encoder.layer
+    for i, ipu in enumerate(_spread(s.layers, [0, 1, 2, 3])):
+        layers[i] = poptorch.BeginBlock(layers[i], f"Encoder{i}", ipu)
+    model.classifier = poptorch.BeginBlock(model.classifier, "Head", ipu_id=3)
+    return model
+
+
+def resnet50(blocks: bool) -> nn.Module:
+    """torchvision's ResNet-50 (its node names) returning ``(logits, loss)`` given labels;
+    blocks on ``layer1``-``layer4`` unless it is to be cut by node name."""
+
+    class ResNet50(ResNet):  # type: ignore[misc,valid-type]
+        def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> Any:
+            logits = super().forward(pixel_values)
+            if labels is None:
+                return logits
+            return logits, nn.functional.cross_entropy(logits, labels)
+
+    model = ResNet50(Bottleneck, [3, 4, 6, 3], num_classes=10)
+    if blocks:
+        for i in range(4):
+            poptorch.BeginBlock(getattr(model, f"layer{i + 1}"), f"layer{i + 1}", i)
+    return model
+
+
+# -- batches and losses ---------------------------------------------------------------------------
+def tokens(n: int, s: Size, vocab: int, labels: str) -> Batch:
+    vocab = int(vocab * s.vocab)
+    ids = torch.randint(0, vocab, (n, s.seq))
+    batch = {"input_ids": ids, "attention_mask": torch.ones(n, s.seq, dtype=torch.long)}
+    if labels == "tokens":
+        batch["labels"] = ids.clone()
+    elif labels == "classes":
+        batch["labels"] = torch.randint(0, 2, (n,))
+    else:  # a target sequence of a quarter the length
+        batch["labels"] = torch.randint(0, vocab, (n, max(4, s.seq // 4)))
     return batch
 
 
-def eager_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, ga: int) -> None:
-    optimizer.zero_grad()
-    micro = len(batch["input_ids"]) // ga
-    for i in range(ga):
-        mb = {k: v[i * micro : (i + 1) * micro] for k, v in batch.items()}
-        (model(**mb).loss / ga).backward()
-    optimizer.step()
+def images(n: int, s: Size) -> Batch:
+    return {
+        "pixel_values": torch.randn(n, 3, s.image, s.image),
+        "labels": torch.randint(0, 10, (n,)),
+    }
 
 
+def loss_of(out: Any) -> torch.Tensor:
+    return out[1] if isinstance(out, tuple) else out.loss
+
+
+@dataclass
+class Case:
+    name: str
+    build: Callable[[Size], nn.Module]
+    batch: Callable[[int, Size], Batch]
+    stage: Any = SAME
+    stages: int = 4  # forward pipeline stages: pipelined training needs GA >= 2 * stages - 1
+    cut: dict[str, int] | None = None  # PopRT's manual sharding by node name
+    targets: str | None = None  # in inference, what the training labels are passed as
+
+
+CASES = {
+    "gpt2": Case("GPT-2", gpt2, lambda n, s: tokens(n, s, 50257, "tokens"), AUTO, 5),
+    "bert": Case("BERT", bert, lambda n, s: tokens(n, s, 30522, "classes"), SAME, 2),
+    "llama": Case("Llama", llama, lambda n, s: tokens(n, s, 32000, "tokens"), AUTO, 5),
+    "t5": Case(
+        "T5", t5, lambda n, s: tokens(n, s, 32128, "targets"), AUTO, 6, targets="decoder_input_ids"
+    ),
+    "vit": Case("ViT", vit, images),
+    "resnet50": Case("ResNet-50 blocks", lambda s: resnet50(True), images),
+    "resnet50-poprt": Case(
+        "ResNet-50 PopRT cut", lambda s: resnet50(False), images, cut=POPRT_CUT
+    ),
+}
+
+
+# -- timing ---------------------------------------------------------------------------------------
 def timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
 
 
-def step_times(name: str, model: nn.Module, batch: Batch, ga: int, stage: Any, steps: int):
-    """Median seconds per step: pipelined on 4 IPUs and eager, interleaved."""
-    eager = copy.deepcopy(model)
-    eager_opt = torch.optim.SGD(eager.parameters(), lr=1e-3)
-    opts = poptorch.Options().setExecutionStrategy(poptorch.PipelinedExecution(stage))
-    opts.Training.gradientAccumulation(ga)
+def micro_batches(batch: Batch, count: int) -> list[Batch]:
+    size = len(next(iter(batch.values()))) // count
+    return [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(count)]
+
+
+def eager_call(model: nn.Module, batch: Batch, count: int, training: bool) -> Callable[[], None]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    parts = micro_batches(batch, count)
+
+    def train() -> None:
+        optimizer.zero_grad()
+        for mb in parts:
+            (loss_of(model(**mb)) / count).backward()
+        optimizer.step()
+
+    def infer() -> None:
+        with torch.no_grad():
+            for mb in parts:
+                model(**mb)
+
+    return train if training else infer
+
+
+def sim_call(case: Case, model: nn.Module, batch: Batch, s: Size, strategy: str, training: bool):
+    opts = poptorch.Options()
+    if strategy == "sharded":
+        opts.setExecutionStrategy(poptorch.ShardedExecution(case.stage))
+    elif case.cut is None:
+        opts.setExecutionStrategy(poptorch.PipelinedExecution(case.stage))
+    if case.cut is not None:
+        first = micro_batches(batch, s.ga)[0]
+        poptorch.Sharder(case.cut, case.cut).run(model, **first)
     opts.showCompilationProgressBar(False)
-    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=1e-3))
-    first = timed(lambda: training(**batch))
-    stages = [s.ipu for s in training._executable.program.program.stages]
-    pipe, plain, single = [], [], []
-    threads = torch.get_num_threads()
+    if training:
+        opts.Training.gradientAccumulation(s.ga)
+        sim = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=1e-4))
+    else:
+        opts.deviceIterations(s.ga)
+        sim = poptorch.inferenceModel(model.eval(), opts)
+    return (lambda: sim(**batch)), sim
+
+
+def row(
+    case: Case, s: Size, strategy: str, training: bool, steps: int, cores: int, warmup: int
+) -> None:
+    s = dataclasses.replace(s, ga=max(s.ga, 2 * case.stages - 1))
+    torch.manual_seed(0)
+    model = case.build(s)
+    eager_model = copy.deepcopy(model)
+    n = s.micro * s.ga
+    batch = case.batch(n, s)
+    if not training:
+        labels = batch.pop("labels")
+        if case.targets is not None:
+            batch[case.targets] = labels
+        eager_model.eval()
+    eager = eager_call(eager_model, batch, s.ga, training)
+    call, sim = sim_call(case, model, batch, s, strategy, training)
+    first = timed(call)
+    for _ in range(warmup):
+        call()  # the pipelined split settles (see [Note: cores follow the work])
+    torch.set_num_threads(cores)
+    eager()
+    sims, eagers = [], []
     for _ in range(steps):
-        pipe.append(timed(lambda: training(**batch)))
-        torch.set_num_threads(os.cpu_count() or 1)
-        plain.append(timed(lambda: eager_step(eager, eager_opt, batch, ga)))
-        torch.set_num_threads(1)
-        single.append(timed(lambda: eager_step(eager, eager_opt, batch, ga)))
-        torch.set_num_threads(threads)
-    training.destroy()
-    p, e, e1 = (statistics.median(t) for t in (pipe, plain, single))
+        sims.append(timed(call))
+        eagers.append(timed(eager))
+    program = sim._executable.program
+    runtime = getattr(program, "runtime", None)
+    split = runtime.cores.describe() if runtime is not None else "one program (not split)"
+    ipus = [st.ipu for st in program.program.stages] if runtime is not None else []
+    sim.destroy()
+    p, e = statistics.median(sims), statistics.median(eagers)
+    kind = "train" if training else "infer"
     print(
-        f"{name}: stages on IPUs {stages}, GA {ga}, first call (compile + step) {first:.2f} s\n"
-        f"  per step (median of {steps}): pipelined {p * 1e3:.0f} ms, eager {e * 1e3:.0f} ms "
-        f"(eager on 1 thread {e1 * 1e3:.0f} ms); pipelined/eager {p / e:.2f}x, "
-        f"pipelined/eager-1-thread {p / e1:.2f}x"
+        f"| {case.name} | {kind} | {strategy} | {p * 1e3:,.0f} | {e * 1e3:,.0f} | {e / p:.2f} | "
+        f"{first:.1f} | IPUs {ipus}: {split} |",
+        flush=True,
     )
 
 
-def compile_times(layers: int, hidden: int, seq: int, repeats: int) -> None:
-    """Compile (capture + split + workers) and capture alone of a BERT of this size."""
-    batch = text(4 * 8, seq, 30522, "classes")
-    compiles, captures = [], []
+def ceiling(cores: int, size: int = 512, repeats: int = 5) -> float:
+    """How much faster the same matmuls run on ``cores`` threads than on one (medians)."""
+    a = torch.randn(size, size)
+
+    def work() -> None:
+        for _ in range(32):
+            a @ a
+
+    ratios = []
     for _ in range(repeats):
-        model = bert(layers, hidden)
-        opts = poptorch.Options()
-        opts.Training.gradientAccumulation(8)
-        opts.showCompilationProgressBar(False)
-        training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters()))
-        compiles.append(timed(lambda t=training: t.compile(**batch)))
-        training.destroy()
-        micro = {k: v[:4] for k, v in batch.items()}
-        captures.append(timed(lambda m=model, b=micro: capture_model(m, (), b)))
-    params = sum(p.numel() for p in model.parameters()) / 1e6
-    print(
-        f"BERT {layers} layers, hidden {hidden}, seq {seq} ({params:.0f} M parameters): "
-        f"compile {statistics.median(compiles):.2f} s (median of {repeats}: "
-        f"{', '.join(f'{c:.2f}' for c in compiles)}), of which torch.export capture "
-        f"{statistics.median(captures):.2f} s"
-    )
+        torch.set_num_threads(1)
+        one = timed(work)
+        torch.set_num_threads(cores)
+        ratios.append(one / timed(work))
+    return statistics.median(ratios)
+
+
+def model_ceiling(case: Case, s: Size, cores: int) -> float:
+    """The eager training step of ``case`` on one thread over on all cores (median of 3)."""
+    torch.manual_seed(0)
+    model = case.build(s)
+    step = eager_call(model, case.batch(s.micro * s.ga, s), s.ga, True)
+    step()
+    ratios = []
+    for _ in range(3):
+        torch.set_num_threads(1)
+        one = timed(step)
+        torch.set_num_threads(cores)
+        ratios.append(one / timed(step))
+    return statistics.median(ratios)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller models, fewer steps")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per model")
+    parser.add_argument("--quick", action="store_true", help="tiny configs: takes seconds")
+    parser.add_argument("--steps", type=int, default=3, help="timed pairs per row (default 3)")
+    parser.add_argument("--only", default="", help=f"comma-separated of {', '.join(CASES)}")
+    parser.add_argument("--strategies", default="pipelined,sharded")
+    parser.add_argument("--kinds", default="train,infer")
+    parser.add_argument(
+        "--no-model-ceilings", action="store_true", help="skip each model's 1-thread eager steps"
+    )
+    for field in ("hidden", "layers", "seq", "micro", "ga", "image"):
+        parser.add_argument(f"--{field}", type=int, help=f"override the size's {field}")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
-    print(f"{os.cpu_count()} CPU cores shared by 4 IPU worker threads; eager uses all of them")
-    hidden, seq, steps = (128, 32, 2) if args.quick else (256, 128, args.steps)
-    ga = 8
-    auto = poptorch.AutoStage
-    step_times(
-        f"BERT 4 layers hidden {hidden} seq {seq}",
-        bert(4, hidden),
-        text(4 * ga, seq, 30522, "classes"),
-        ga,
-        auto.SameAsIpu,
-        steps,
+    s = QUICK if args.quick else FULL
+    overrides = {f: getattr(args, f) for f in ("hidden", "layers", "seq", "micro", "ga", "image")}
+    s = dataclasses.replace(s, **{f: v for f, v in overrides.items() if v is not None})
+    steps = 1 if args.quick else args.steps
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    torch.set_num_threads(cores)
+    names = args.only.split(",") if args.only else list(CASES)
+    if ResNet is None:
+        print("torchvision is not installed: no ResNet-50 rows")
+        names = [n for n in names if not n.startswith("resnet")]
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {cores} cores")
+    print(
+        f"thread ceiling: 512x512 matmuls ran {ceiling(cores):.2f}x as fast on {cores} threads as on 1"
     )
-    step_times(
-        f"GPT-2 3 layers hidden {hidden} seq {seq}",
-        gpt2(3, hidden),
-        text(4 * 10, seq, 50257, "tokens"),
-        10,
-        auto.AutoIncrement,
-        steps,
+    print(
+        f"hidden {s.hidden}, {s.layers} layers, sequence {s.seq}, images {s.image}x{s.image}, "
+        f"micro-batch {s.micro}, GA (training) / DI (inference) {s.ga} (at least 2 x stages - 1)"
+        f"; medians of {steps}"
     )
-    compile_times(2 if args.quick else 12, 128 if args.quick else 768, 128, 1 if args.quick else 3)
+    print("| model | kind | strategy | sim ms | eager ms | eager / sim | first call s | split |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in names:
+        case = CASES[name]
+        for kind in args.kinds.split(","):
+            for strategy in args.strategies.split(","):
+                if case.cut is not None and strategy == "sharded":
+                    continue  # PopRT's cut gives stages; its rows are pipelined
+                row(case, s, strategy, kind == "train", steps, cores, 0 if args.quick else 2)
+    for name in [] if args.no_model_ceilings else names:
+        print(
+            f"{CASES[name].name}: eager training ran {model_ceiling(CASES[name], s, cores):.2f}x "
+            f"as fast on {cores} threads as on 1",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -120,6 +120,7 @@ def main() -> None:
     add("--mb", type=int, default=32, help="micro-batch rows (default 32)")
     add("--ga", type=int, default=8, help="gradient accumulation (default 8)")
     add("--calls", type=int, default=20, help="timed calls (default 20)")
+    add("--skip-sizes", action="store_true", help="only the first table (samples/s)")
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -137,6 +138,8 @@ def main() -> None:
         base = base or rate
         print(f"| {n} | {replicas} | {rate:,.0f} | {rate / base:.2f}x |")
 
+    if args.skip_sizes:
+        return
     print("\n| model (width) | parameter bytes | bytes all-reduced/step/process | all-reduce ms |")
     print("|---|---|---|---|")
     for width in (128,) if args.quick else (128, 512, 1024):

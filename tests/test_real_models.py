@@ -1,25 +1,30 @@
 """Real models split over IPUs as their users split them (optimum-graphcore's placements),
 pipelined and sharded, training and inference, against eager PyTorch: Hugging Face BERT and
-GPT-2 (captured with torch.export) and torchvision's ResNet-50."""
+GPT-2 (captured with torch.export) and torchvision's ResNet-50. More transformers models, with
+their default configs, are in ``test_transformers_models.py``."""
 
 from __future__ import annotations
 
-import copy
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from model_checks import (
+    cache_tensors,
+    check_inference,
+    check_training,
+    execution_strategy,
+    per_sample,
+    stage_map,
+    text_batch,
+    workers_of_stages,
+)
 from torch import nn
 
 import poptorch_sim as poptorch
 
 transformers = pytest.importorskip("transformers")
 torchvision = pytest.importorskip("torchvision")
-
-LR = 0.5  # SGD without momentum: (weight before - weight after) / LR is the gradient
-Batch = dict[str, torch.Tensor]
 
 
 # -- the models, blocks placed as optimum-graphcore places them -----------------------------------
@@ -72,14 +77,11 @@ def bert_classifier() -> nn.Module:
     return place_bert(transformers.BertForSequenceClassification(bert_config()), "classifier")
 
 
-def text_batch(n: int, seq: int = 8, vocab: int = 64) -> Batch:
-    mask = torch.ones(n, seq, dtype=torch.long)
-    mask[::2, seq - 3 :] = 0  # padding in every other sequence
-    return {"input_ids": torch.randint(0, vocab, (n, seq)), "attention_mask": mask}
+def gpt2(**overrides: Any) -> nn.Module:
+    """Tiny GPT-2 with tied embeddings: token embedding and LM head both on IPU 0.
 
-
-def gpt2() -> nn.Module:
-    """Tiny GPT-2 with tied embeddings: token embedding and LM head both on IPU 0."""
+    Its config keeps transformers' defaults but for the sizes and dropout: ``use_cache=True``
+    (a ``DynamicCache`` in the outputs), masks from ``masking_utils``, SDPA attention."""
     config = transformers.GPT2Config(
         vocab_size=64,
         n_positions=16,
@@ -89,7 +91,7 @@ def gpt2() -> nn.Module:
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
-        use_cache=False,
+        **overrides,
     )
     model = transformers.GPT2LMHeadModel(config)
     assert model.lm_head.weight is model.transformer.wte.weight
@@ -118,121 +120,6 @@ class ResNetWithLoss(nn.Module):
         return logits, self.loss(logits, labels)
 
 
-# -- the oracle -----------------------------------------------------------------------------------
-def _strategy(name: str, auto_increment: bool = False) -> Any:
-    stage = poptorch.AutoStage.AutoIncrement if auto_increment else poptorch.AutoStage.SameAsIpu
-    if name == "sharded":
-        return poptorch.ShardedExecution(stage)
-    return poptorch.PipelinedExecution(stage)
-
-
-def _micro_batch(batch: Batch, i: int, size: int) -> Batch:
-    return {k: v[i * size : (i + 1) * size] for k, v in batch.items()}
-
-
-def _workers_of_stages(runner: Any) -> dict[int, set[str]]:
-    """Record which thread runs each stage's forward from now on (stage index -> names)."""
-    seen: dict[int, set[str]] = {}
-    for stage in runner.program.stages:
-
-        def hook(_module: nn.Module, _args: Any, index: int = stage.index) -> None:
-            seen.setdefault(index, set()).add(threading.current_thread().name)
-
-        stage.module.register_forward_pre_hook(hook)
-    return seen
-
-
-def _assert_all_close(
-    what: str, ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], tol: dict
-) -> None:
-    """Every tensor of ``ours`` equals ``theirs`` (one comparison of all, then the culprit)."""
-    assert ours.keys() == theirs.keys()
-    if not ours:
-        return
-    flat = [torch.cat([d[k].detach().double().flatten() for k in ours]) for d in (ours, theirs)]
-    if torch.allclose(*flat, **tol):
-        return
-    for name in ours:
-        torch.testing.assert_close(
-            ours[name], theirs[name].detach(), **tol, msg=lambda m, n=name: f"{what} {n}: {m}"
-        )
-    raise AssertionError(f"{what}s differ from eager's beyond {tol} (at the tolerance's edge)")
-
-
-def check_training(
-    model: nn.Module,
-    batch: Batch,
-    outputs: Callable[[Any], tuple[torch.Tensor, torch.Tensor]],
-    strategy: Any,
-    ga: int,
-    micro: int = 2,
-    atol: float = 1e-5,
-    capture: str = "auto",
-) -> Any:
-    """One training step over ``ga`` micro-batches equals eager's: outputs, losses, gradients,
-    weights and buffers after the step. Returns the compiled program's runner."""
-    reference = copy.deepcopy(model)
-    before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    opts = poptorch.Options().setExecutionStrategy(strategy)
-    opts.Training.gradientAccumulation(ga)
-    opts.outputMode(poptorch.OutputMode.All)
-    opts.Jit.captureMethod(capture)
-    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=LR))
-    loss, out = outputs(training(**batch))
-    runner = training._executable.program
-    assert type(runner).__name__ == "StagedRunner"
-
-    ref_loss, ref_out = [], []
-    for i in range(ga):
-        mb_loss, mb_out = outputs(reference(**_micro_batch(batch, i, micro)))
-        (mb_loss / ga).backward()
-        ref_loss.append(mb_loss.detach())
-        ref_out.append(mb_out.detach())
-    tol = {"atol": atol, "rtol": 1e-4}
-    torch.testing.assert_close(loss, torch.stack(ref_loss), **tol)
-    torch.testing.assert_close(out, torch.cat(ref_out), **tol)
-    training.copyWeightsToHost()
-    after = {name: p.detach().clone() for name, p in model.named_parameters()}
-    grads = {name: (before[name] - after[name]) / LR for name in after}
-    expected = {
-        name: torch.zeros_like(p) if p.grad is None else p.grad
-        for name, p in reference.named_parameters()
-    }
-    _assert_all_close("gradient", grads, expected, tol)
-    torch.optim.SGD(reference.parameters(), lr=LR).step()
-    _assert_all_close("weight", after, dict(reference.named_parameters()), tol)
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    _assert_all_close("buffer", buffers, dict(reference.named_buffers()), tol)
-    training.destroy()
-    return runner
-
-
-def check_inference(
-    model: nn.Module,
-    batch: Batch,
-    outputs: Callable[[Any], Any],
-    strategy: Any,
-    di: int,
-    micro: int = 2,
-) -> Any:
-    """``di`` micro-batches of inference equal eager's outputs. Returns the runner."""
-    model.eval()
-    opts = poptorch.Options().setExecutionStrategy(strategy).deviceIterations(di)
-    inference = poptorch.inferenceModel(model, opts)
-    out = outputs(inference(**batch))
-    runner = inference._executable.program
-    assert type(runner).__name__ == "StagedRunner"
-    with torch.no_grad():
-        ref = [outputs(model(**_micro_batch(batch, i, micro))) for i in range(di)]
-    torch.testing.assert_close(out, torch.cat(ref), atol=1e-5, rtol=1e-4)
-    inference.destroy()
-    return runner
-
-
-def _stage_map(runner: Any) -> list[tuple[int, tuple[str, ...]]]:
-    return [(stage.ipu, stage.blocks) for stage in runner.program.stages]
-
-
 _GA = {"pipelined": 7, "sharded": 2}  # a 4-stage training pipeline needs 2 * 4 - 1
 _BERT_STAGES = [
     (0, ("Embedding", "Encoder0")),
@@ -248,18 +135,18 @@ def test_bert_sequence_classification_trains_like_eager(strategy: str) -> None:
     ga = _GA[strategy]
     batch = {**text_batch(2 * ga), "labels": torch.randint(0, 3, (2 * ga,))}
     runner = check_training(
-        bert_classifier(), batch, lambda o: (o.loss, o.logits), _strategy(strategy), ga=ga
+        bert_classifier(), batch, lambda o: (o.loss, o.logits), execution_strategy(strategy), ga=ga
     )
     assert runner.program.meta["capture"] == "torch.export"
-    assert _stage_map(runner) == _BERT_STAGES
+    assert stage_map(runner) == _BERT_STAGES
 
 
 @pytest.mark.parametrize("strategy", ["pipelined", "sharded"])
 def test_bert_sequence_classification_infers_like_eager(strategy: str) -> None:
     runner = check_inference(
-        bert_classifier(), text_batch(8), lambda o: o.logits, _strategy(strategy), di=4
+        bert_classifier(), text_batch(8), lambda o: o.logits, execution_strategy(strategy), di=4
     )
-    assert _stage_map(runner) == _BERT_STAGES
+    assert stage_map(runner) == _BERT_STAGES
 
 
 def test_bert_question_answering_trains_like_eager() -> None:
@@ -268,7 +155,7 @@ def test_bert_question_answering_trains_like_eager() -> None:
         "start_positions": torch.randint(0, 8, (14,)),
         "end_positions": torch.randint(0, 8, (14,)),
     }
-    check_training(QuestionAnswering(), batch, lambda o: o, _strategy("pipelined"), ga=7)
+    check_training(QuestionAnswering(), batch, lambda o: o, execution_strategy("pipelined"), ga=7)
 
 
 def test_bert_stages_run_on_their_own_ipu_workers() -> None:
@@ -279,7 +166,7 @@ def test_bert_stages_run_on_their_own_ipu_workers() -> None:
     batch = text_batch(8)
     inference(**batch)  # compiles
     runner = inference._executable.program
-    seen = _workers_of_stages(runner)
+    seen = workers_of_stages(runner)
     inference(**batch)
     inference.destroy()
     expected = {s.index: {f"poptorch_sim IPU {s.ipu}"} for s in runner.program.stages}
@@ -288,17 +175,18 @@ def test_bert_stages_run_on_their_own_ipu_workers() -> None:
 
 
 # -- GPT-2 ----------------------------------------------------------------------------------------
+def loss_logits_cache(out: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss, and the logits with every layer's cached keys and values, per sample."""
+    return out.loss, per_sample(out.logits, out.past_key_values)
+
+
 @pytest.mark.parametrize("strategy", ["pipelined", "sharded"])
 def test_gpt2_with_tied_head_back_on_ipu0_trains_like_eager(strategy: str) -> None:
     ga = 9 if strategy == "pipelined" else 2  # 5 stages: 2 * 5 - 1 when pipelined
     batch = text_batch(2 * ga)
     batch["labels"] = batch["input_ids"].clone()
     runner = check_training(
-        gpt2(),
-        batch,
-        lambda o: (o.loss, o.logits),
-        _strategy(strategy, auto_increment=True),
-        ga=ga,
+        gpt2(), batch, loss_logits_cache, execution_strategy(strategy, auto_increment=True), ga=ga
     )
     assert [s.ipu for s in runner.program.stages] == [0, 1, 2, 3, 0]
     first, last = runner.program.stages[0].module, runner.program.stages[-1].module
@@ -307,7 +195,45 @@ def test_gpt2_with_tied_head_back_on_ipu0_trains_like_eager(strategy: str) -> No
 
 
 def test_gpt2_infers_like_eager() -> None:
-    check_inference(gpt2(), text_batch(10), lambda o: o.logits, _strategy("pipelined", True), di=5)
+    runner = check_inference(
+        gpt2(),
+        text_batch(10),
+        lambda o: per_sample(o.logits, o.past_key_values),
+        execution_strategy("pipelined", True),
+        di=5,
+    )
+    assert runner.program.meta["capture"] == "torch.export"
+
+
+def test_gpt2_without_cache_trains_like_eager() -> None:
+    batch = text_batch(18)
+    batch["labels"] = batch["input_ids"].clone()
+    check_training(
+        gpt2(use_cache=False),
+        batch,
+        lambda o: (o.loss, o.logits),
+        execution_strategy("pipelined", auto_increment=True),
+        ga=9,
+    )
+
+
+def test_gpt2_returns_its_cache_as_eager_does() -> None:
+    model = gpt2().eval()
+    opts = poptorch.Options().setExecutionStrategy(execution_strategy("sharded", True))
+    inference = poptorch.inferenceModel(model, opts)
+    batch = text_batch(2)
+    out = inference(**batch)
+    assert type(inference._executable.program).__name__ == "StagedRunner"
+    with torch.no_grad():
+        ref = model(**batch)
+    inference.destroy()
+    assert type(out) is type(ref)
+    assert type(out.past_key_values) is type(ref.past_key_values)
+    assert out.past_key_values.get_seq_length() == ref.past_key_values.get_seq_length() == 8
+    for ours, theirs in zip(
+        cache_tensors(out.past_key_values), cache_tensors(ref.past_key_values)
+    ):
+        torch.testing.assert_close(ours, theirs)
 
 
 # -- ResNet-50 ------------------------------------------------------------------------------------
@@ -317,7 +243,9 @@ def test_gpt2_infers_like_eager() -> None:
 def test_resnet50_trains_sharded_like_eager() -> None:
     model = ResNetWithLoss()
     batch = {"images": torch.randn(8, 3, 32, 32), "labels": torch.randint(0, 10, (8,))}
-    runner = check_training(model, batch, lambda o: (o[1], o[0]), _strategy("sharded"), 2, 4)
+    runner = check_training(
+        model, batch, lambda o: (o[1], o[0]), execution_strategy("sharded"), 2, 4
+    )
     assert runner.program.meta["capture"] == "torch.fx"
     assert [s.ipu for s in runner.program.stages] == [0, 1, 2, 3]
 
@@ -327,7 +255,7 @@ def test_resnet50_trains_sharded_like_eager() -> None:
 def test_resnet50_trains_pipelined_like_eager(capture: str) -> None:
     model = ResNetWithLoss()
     batch = {"images": torch.randn(28, 3, 32, 32), "labels": torch.randint(0, 10, (28,))}
-    strategy = _strategy("pipelined")
+    strategy = execution_strategy("pipelined")
     runner = check_training(
         model, batch, lambda o: (o[1], o[0]), strategy, ga=7, micro=4, capture=capture
     )
@@ -337,4 +265,6 @@ def test_resnet50_trains_pipelined_like_eager(capture: str) -> None:
 
 def test_resnet50_infers_sharded_like_eager() -> None:
     batch = {"images": torch.randn(8, 3, 32, 32), "labels": torch.randint(0, 10, (8,))}
-    check_inference(ResNetWithLoss(), batch, lambda o: o[0], _strategy("sharded"), di=2, micro=4)
+    check_inference(
+        ResNetWithLoss(), batch, lambda o: o[0], execution_strategy("sharded"), di=2, micro=4
+    )

@@ -48,6 +48,7 @@ from ..ipu_context import running_on_ipu
 from ..ops import loss as loss_ops
 from ..ops.blocks import recording_blocks
 from ..ops.library import CAPTURE_ONLY
+from .containers import flat_outputs
 from .signature import map_tensor_inputs
 from .tracer import (
     _CONSTANT_PREFIX,
@@ -177,7 +178,7 @@ class _FlatInputs(nn.Module):
         args, kwargs = map_tensor_inputs(self._signature, *self._call, lambda _n, _t: next(flat))
         self._stamper.active = True
         try:
-            return getattr(self, _ROOT)(*args, **kwargs)
+            return flat_outputs(getattr(self, _ROOT)(*args, **kwargs))
         finally:
             self._stamper.active = False
 
@@ -185,12 +186,27 @@ class _FlatInputs(nn.Module):
 def _export_error(model: nn.Module, exc: BaseException) -> TraceFailure:
     where = _user_location(traceback.extract_tb(exc.__traceback__))
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if "in output, which is not a known type" in first:
+        fix = (
+            "forward returns an object whose tensors torch's pytree cannot reach (capture "
+            "flattens transformers' DynamicCache and EncoderDecoderCache; see [Note: cache "
+            "objects in the outputs]). Return its tensors instead, or register the class with "
+            "torch.utils._pytree.register_pytree_node."
+        )
+    elif "data-dependent" in str(exc) or "DataDependent" in type(exc).__name__:
+        fix = (
+            "Control flow on tensor values (if/while on a tensor, .item(), .tolist(), nonzero "
+            "sizes) depends on data no capture has. Make that code depend on shapes or "
+            "constants only, or move it out of forward."
+        )
+    else:
+        fix = (
+            "forward raised this while torch.export ran it on fake tensors; if it is a bug in "
+            "forward, the eager run that follows raises it again."
+        )
     return TraceFailure(
         f"poptorch_sim cannot capture {type(model).__name__}.forward with torch.export "
-        f"(non-strict): {type(exc).__name__}: {first}\n  at {where}\n"
-        "Control flow on tensor values (if/while on a tensor, .item(), .tolist(), nonzero "
-        "sizes) depends on data no capture has. Make that code depend on shapes or constants "
-        "only, or move it out of forward."
+        f"(non-strict): {type(exc).__name__}: {first}\n  at {where}\n{fix}"
     )
 
 

@@ -34,6 +34,7 @@ from .inputs import BoundArgs
 from .losses import LossRecorder, final_loss
 from .outputs import OutputCollector
 from .refusals import PopTorchRefusals
+from .replica_threads import ReplicaThreads
 from .replicas import ReplicaBuffers, buffer_versions, check_buffer_broadcast
 
 __all__ = ["EagerProgram", "LossLocator"]
@@ -71,6 +72,8 @@ class EagerProgram:
         self.blocks_seen = False
         self.out_spec: pytree.TreeSpec | None = None
         self.fp_checks = False  # Precision.enableFloatingPointExceptions (see fp_checks.py)
+        self.draws_random = False  # forward consumed the CPU generator (found by ``prepare``)
+        self.replica_threads: ReplicaThreads | None = None
 
     def prepare(self, mb: BoundArgs, check_unchanged: Callable[[], None]) -> None:
         """Compile-time checks on the first micro-batch, leaving no trace in the model.
@@ -96,6 +99,7 @@ class EagerProgram:
                 else:
                     self.forward(mb, 0)
             self.blocks_seen = spotter.seen
+            self.draws_random = not torch.equal(torch.get_rng_state(), rng)
             check_unchanged()
             if self.broadcast_replicas:
                 check_buffer_broadcast(self.model, before)
@@ -129,6 +133,48 @@ class EagerProgram:
 
     input_device = torch.device("cpu")  # the device copy stays on the host CPU
 
+    def use_replica_threads(self, replicas: int) -> bool:
+        """Run the replicas at the same time, one thread each, where that computes the same.
+
+        See [Note: replicas on threads]. Returns whether they will.
+        """
+        refusal = self._replica_threads_refusal(replicas)
+        if refusal is None:
+            try:
+                self.replica_threads = ReplicaThreads(
+                    self.model, replicas, self.buffers, self.loss.leaf if self.loss else None
+                )
+            except Exception as exc:  # a module deepcopy cannot copy: the one-thread loop
+                refusal = f"the model cannot be copied per replica ({type(exc).__name__}: {exc})"
+        if refusal is not None:
+            logger.debug(
+                "poptorch_sim: %d replicas run one after the other: %s", replicas, refusal
+            )
+        return refusal is None
+
+    def _replica_threads_refusal(self, replicas: int) -> str | None:
+        if replicas < 2:
+            return "one replica"
+        if self.draws_random:
+            return "forward draws random numbers"
+        if self.fp_checks:
+            return "floating-point exceptions are checked (on the caller's thread)"
+        if self.buffers is None and any(True for _ in self.model.buffers()):
+            return "the replicas share the model's buffers (broadcastBuffers)"
+        if self.training and (self.loss is None or self.loss.leaf is None):
+            return "the final loss is not one of forward's outputs"
+        if any(
+            p._backward_hooks or p._post_accumulate_grad_hooks for p in self.model.parameters()
+        ):
+            return "a parameter has gradient hooks"
+        return None
+
+    def close(self) -> None:
+        """Stop the replica threads, if any."""
+        if self.replica_threads is not None:
+            self.replica_threads.close()
+            self.replica_threads = None
+
     def run_micro_batch(self, mb: BoundArgs, r: int) -> list[Any]:
         """Inference of one micro-batch (overlapped IO's compute phase): its output leaves."""
         with torch.no_grad():
@@ -155,7 +201,18 @@ class EagerProgram:
         step: Callable[[], None] | None,
     ) -> None:
         """Run one call: every micro-batch, and in training an optimizer ``step`` per iteration."""
+        threads = self.replica_threads
+        if threads is not None and not threads.current():
+            threads.close()  # the parameters were replaced: copy the model again
+            self.use_replica_threads(layout.replicas)
+            threads = self.replica_threads
         for d in range(layout.device_iterations):
+            if threads is not None:
+                items = layout.step_micro_batches(bound, d)
+                threads.run(items, self.training, loss_scale, collector.add)
+                if step is not None:
+                    step()
+                continue
             for r, mb in layout.step_micro_batches(bound, d):
                 if self.training:
                     leaves, loss = self.forward(mb, r)

@@ -319,6 +319,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         program.prepare(first, device.check_unchanged)
         checks = self._options._Popart.options.get("enableFloatingPointChecks", False)
         program.fp_checks = bool(checks)
+        program.use_replica_threads(layout.replicas)
         return program
 
     def isCompiled(self) -> bool:
@@ -443,8 +444,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
                 self._optimizer._set_state_reader(None)
         if self._executable.io is not None:
             self._executable.io.close()
-        if isinstance(self._executable.program, StagedRunner):
-            self._executable.program.close()
+        self._executable.program.close()
         self._executable = None
         self._is_attached = False
         if self._host_sync is not None:

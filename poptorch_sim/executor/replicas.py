@@ -33,6 +33,16 @@ class ReplicaBuffers:
         own = [module._buffers[name] for module, name in self._slots]
         self._sets = [own] + [[b.clone() for b in own] for _ in range(replicas - 1)]
 
+    @property
+    def slots(self) -> list[tuple[nn.Module, str]]:
+        """``(module, buffer name)`` of every buffer, in the order of each replica's set."""
+        return self._slots
+
+    @property
+    def sets(self) -> list[list[torch.Tensor]]:
+        """Each replica's buffer tensors, one per slot."""
+        return self._sets
+
     def activate(self, replica: int) -> None:
         """Put replica ``replica``'s buffers into the model."""
         for (module, name), buf in zip(self._slots, self._sets[replica]):

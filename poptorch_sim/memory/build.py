@@ -73,7 +73,7 @@ def at_compile(
         if trace is not None:  # counter tracks beside the IPUs' in the execution trace
             for ipu in report.ipus:
                 values = {c: getattr(ipu, c) / 2**20 for c in CATEGORIES}
-                trace.counters.append((f"IPU {ipu.ipu} memory estimate (MiB)", values))
+                trace.static_counters.append((f"IPU {ipu.ipu} memory estimate (MiB)", values))
     if _stop:
         raise CompiledOnly(report)
     check_limits(report, options)

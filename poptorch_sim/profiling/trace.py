@@ -57,9 +57,11 @@ class TraceRecorder:
     """
 
     def __init__(self) -> None:
-        self.counters: list[tuple[str, dict[str, float]]] = []  # e.g. memory per IPU
+        # Counters with one value for the whole trace (e.g. memory per IPU), at time 0.
+        self.static_counters: list[tuple[str, dict[str, float]]] = []
         self._origin_ns = time.perf_counter_ns()
         self._events: list[TraceEvent] = []
+        self._counters: list[tuple[float, int, str, float]] = []  # (us, IPU, name, value)
         self._lock = threading.Lock()
 
     def now_ns(self) -> int:
@@ -92,6 +94,19 @@ class TraceRecorder:
         with self._lock:
             self._events.append(event)
 
+    def count(self, ipu: int, name: str, value: float) -> None:
+        """Record that IPU ``ipu``'s counter ``name`` (e.g. its intra-op ``threads``) is
+        ``value`` from now on; Perfetto shows it as the counter track ``IPU <ipu> <name>``."""
+        at_us = (time.perf_counter_ns() - self._origin_ns) / 1e3
+        with self._lock:
+            self._counters.append((at_us, ipu, name, value))
+
+    @property
+    def counters(self) -> list[tuple[float, int, str, float]]:
+        """A snapshot of the counter values recorded so far: ``(us, IPU, name, value)``."""
+        with self._lock:
+            return sorted(self._counters)
+
     @contextmanager
     def span(
         self,
@@ -121,6 +136,7 @@ class TraceRecorder:
         """Forget every event (the clock origin is kept)."""
         with self._lock:
             self._events.clear()
+            self._counters.clear()
 
     def to_chrome(self) -> dict[str, Any]:
         """The events in Chrome trace event format, one named thread track per IPU."""
@@ -158,7 +174,16 @@ class TraceRecorder:
         ]
         counters = [
             {"name": name, "ph": "C", "ts": 0, "pid": _PID, "args": values}
-            for name, values in self.counters
+            for name, values in self.static_counters
+        ] + [
+            {
+                "name": f"IPU {ipu} {name}",
+                "ph": "C",
+                "ts": round(at_us, 3),
+                "pid": _PID,
+                "args": {name: value},
+            }
+            for at_us, ipu, name, value in self.counters
         ]
         return {"traceEvents": meta + complete + counters, "displayTimeUnit": "ms"}
 

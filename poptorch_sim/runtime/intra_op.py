@@ -21,10 +21,11 @@ the count in one process-wide atomic, and a thread's *first* parallel op (or
     ================================================  =========================
 
 So each worker first calls ``torch.get_num_threads()`` (forcing its lazy init), then
-``torch.set_num_threads(n)``; once every worker is ready the runtime restores the global default
-by calling ``torch.set_num_threads`` with the main thread's own count (which leaves the workers'
-counts alone). The default ``n`` splits the main thread's count evenly between the workers so
-``N`` workers do not oversubscribe the cores.
+``torch.set_num_threads(n)``; once every worker has set its count (at start-up, and after a run
+in which some worker took a new count) the runtime restores the global default from a fresh,
+short-lived thread that sets the main thread's count and exits, which leaves every live thread's
+own count alone. How many threads each worker gets is decided in ``cores.py`` (See [Note: cores
+follow the work]).
 
 Oversubscription is expensive with libgomp: its team threads spin at barriers. On the shared
 two-core build machine (load average ~10), eager fwd+bwd of two 256-wide dense layers on 8
@@ -34,29 +35,47 @@ divides the cores between the workers rather than letting each use them all.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from .. import env
 from ..errors import Error
 
-__all__ = ["resolve_threads_per_ipu", "set_worker_threads", "restore_default_threads"]
+__all__ = [
+    "pinned_threads_per_ipu",
+    "resolve_threads_per_ipu",
+    "set_worker_threads",
+    "restore_default_threads",
+]
 
 
-def resolve_threads_per_ipu(explicit: int | None, num_workers: int) -> int:
-    """Intra-op threads per worker: ``explicit``, else ``POPTORCH_SIM_THREADS_PER_IPU``, else
-    the main thread's count divided evenly between the workers (at least 1).
+def pinned_threads_per_ipu(explicit: int | None) -> int | None:
+    """Intra-op threads per worker pinned by ``explicit``, else by
+    ``POPTORCH_SIM_THREADS_PER_IPU``; None when neither pins a count.
 
     Raises:
-        Error: the resolved count is smaller than 1.
+        Error: the pinned count is smaller than 1.
     """
     value = explicit if explicit is not None else env.threads_per_ipu()
-    if value is None:
-        return max(1, torch.get_num_threads() // max(1, num_workers))
-    if value < 1:
+    if value is not None and value < 1:
         raise Error(
             f"threads_per_ipu must be at least 1, got {value} (from "
             f"{'the threads_per_ipu argument' if explicit is not None else 'POPTORCH_SIM_THREADS_PER_IPU'})"
         )
+    return value
+
+
+def resolve_threads_per_ipu(explicit: int | None, num_workers: int) -> int:
+    """Intra-op threads per worker: the pinned count (``pinned_threads_per_ipu``), else the
+    main thread's count divided evenly between the workers (at least 1).
+
+    Raises:
+        Error: the pinned count is smaller than 1.
+    """
+    value = pinned_threads_per_ipu(explicit)
+    if value is None:
+        return max(1, torch.get_num_threads() // max(1, num_workers))
     return value
 
 
@@ -70,8 +89,16 @@ def set_worker_threads(count: int) -> None:
 
 
 def restore_default_threads(count: int) -> None:
-    """Reset the process-wide default that new threads inherit (and the caller's count).
+    """Reset the process-wide default that new threads inherit to ``count``, leaving the count
+    of every live thread (the caller's included) as it is.
 
     See [Note: per-thread intra-op threads].
     """
-    torch.set_num_threads(count)
+
+    def reset() -> None:
+        torch.get_num_threads()  # this thread's lazy init first, as a worker's
+        torch.set_num_threads(count)
+
+    thread = threading.Thread(target=reset, name="poptorch_sim thread-count reset")
+    thread.start()
+    thread.join()

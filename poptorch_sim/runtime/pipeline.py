@@ -24,8 +24,9 @@ from ..errors import Error
 from ..logger import logger
 from ..profiling.trace import TraceRecorder
 from ..program import StagedProgram
+from .cores import CoreShare
 from .failure import StageFailure
-from .intra_op import resolve_threads_per_ipu, restore_default_threads
+from .intra_op import pinned_threads_per_ipu, restore_default_threads
 from .routes import HOST, routes_of
 from .schedules import SCHEDULES, Schedule, make_schedule
 from .stage import StageExecutor, prepare_backward
@@ -86,8 +87,9 @@ class PipelineRuntime:
             forces ``"sharded"`` (one micro-batch at a time); inference pipelines use the
             forward-only schedule.
         devices: ``{ipu: device}``; default ``cuda:(ipu mod n)`` with CUDA, else CPU.
-        threads_per_ipu: intra-op threads per worker (default ``POPTORCH_SIM_THREADS_PER_IPU``,
-            else the main thread's count split between the workers).
+        threads_per_ipu: intra-op threads per worker, pinned (default
+            ``POPTORCH_SIM_THREADS_PER_IPU``; else the caller's count is shared between the
+            workers by their measured work, see [Note: cores follow the work]).
         trace: records every action per IPU (see ``poptorch_sim.profiling.trace``).
 
     Raises:
@@ -124,7 +126,15 @@ class PipelineRuntime:
         self.stage_ipus = tuple(spec.ipu for spec in program.stages)
         ipus = sorted(set(self.stage_ipus))
         self.devices = self._devices(ipus, devices)
-        self.threads_per_ipu = resolve_threads_per_ipu(threads_per_ipu, len(ipus))
+        self._main_threads = torch.get_num_threads()
+        self.cores = CoreShare(
+            ipus,
+            self._main_threads,
+            pinned_threads_per_ipu(threads_per_ipu),
+            serial=self.schedule_name == "sharded",
+        )
+        self._given = dict(self.cores.threads)  # the split the workers run with
+        self._cpu_s: dict[int, float] = {}  # per IPU, the current run's (see Finished.cpu_s)
         self._reports: queue.Queue[tuple[bool, Any]] = queue.Queue()
         self._workers = self._make_workers(ipus)
         self._by_stage = {spec.index: self._workers[spec.ipu] for spec in program.stages}
@@ -183,7 +193,7 @@ class PipelineRuntime:
                 executors,
                 self.routes,
                 self.devices[ipu],
-                self.threads_per_ipu,
+                self.cores.threads[ipu],
                 self._reports,
                 self.trace,
             )
@@ -193,7 +203,6 @@ class PipelineRuntime:
 
     def _start(self, workers: list[IpuWorker]) -> None:
         """Start the threads and wait until each has set its intra-op threads."""
-        main_threads = torch.get_num_threads()
         for worker in workers:
             worker.thread.start()
         waiting, deadline = {w.ipu for w in workers}, time.monotonic() + START_TIMEOUT_S
@@ -217,7 +226,7 @@ class PipelineRuntime:
             self.close()
             raise
         finally:
-            restore_default_threads(main_threads)  # See [Note: per-thread intra-op threads]
+            restore_default_threads(self._main_threads)  # See [Note: per-thread intra-op ...]
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -270,11 +279,14 @@ class PipelineRuntime:
         schedule = self.schedule(len(micro_batches))
         self._run_id += 1
         job_abort = threading.Event()
+        resplit, self._given = self._given != self.cores.threads, dict(self.cores.threads)
         for ipu, worker in self._workers.items():
             actions = schedule.ipu_actions[ipu]
-            job = Job(self._run_id, actions, loss_scale, step, job_abort, schedule.serial)
+            threads = self.cores.threads[ipu]
+            job = Job(self._run_id, actions, loss_scale, step, job_abort, schedule.serial, threads)
             worker.inbox.put(job)
         self._pending = set(self._workers)
+        self._cpu_s = {}
         try:
             results = self._drive(schedule, micro_batches, job_abort)
         except Error:
@@ -286,6 +298,7 @@ class PipelineRuntime:
                 self._broken = "interrupted again while stopping a run"
                 raise
             raise
+        self._share_cores(resplit)
         return [self._assemble(m, results[m], micro_batches[m]) for m in range(len(results))]
 
     def close(self) -> None:
@@ -364,8 +377,21 @@ class PipelineRuntime:
             elif isinstance(payload, Finished):
                 for output in payload.outputs:  # deferred by the worker (see worker._report)
                     results[output.mb].update(output.values)
+                self._cpu_s[payload.ipu] = payload.cpu_s
                 pending.discard(payload.ipu)
         return results
+
+    def _share_cores(self, resplit: bool) -> None:
+        """After a run: the workers' measured work decides the next split.
+
+        See [Note: cores follow the work]. A run whose workers took a new thread count left
+        that count as the process-wide default: restore it (See [Note: per-thread intra-op
+        threads]).
+        """
+        if resplit:
+            restore_default_threads(self._main_threads)
+        if self.cores.observe(self._cpu_s):
+            logger.debug("poptorch_sim: intra-op threads now %s", self.cores.describe())
 
     def _check_alive(self, pending: set[int], job_abort: threading.Event) -> None:
         """A worker thread that vanished mid-run would leave the caller waiting for ever."""

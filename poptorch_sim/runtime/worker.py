@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,7 @@ class Job:
     step: Callable[[int], None] | None
     abort: threading.Event = field(default_factory=threading.Event)
     serial: bool = False  # the caller feeds micro-batch m+1 on the last stage's Output of m
+    threads: int | None = None  # intra-op threads for this run (See [Note: cores follow the work])
 
 
 @dataclass(frozen=True)
@@ -96,12 +98,14 @@ class Output:
 
 @dataclass(frozen=True)
 class Finished:
-    """A worker's end of a run; ``outputs`` holds the ``Output`` it deferred (see ``_report``)."""
+    """A worker's end of a run; ``outputs`` holds the ``Output`` it deferred (see ``_report``),
+    ``cpu_s`` the CPU seconds its thread spent in forward, backward and step actions."""
 
     run_id: int
     ipu: int
     aborted: bool
     outputs: tuple[Output, ...] = ()
+    cpu_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,7 @@ _CATEGORY = {
     ActionKind.RECV_F: "recv",
     ActionKind.RECV_B: "recv",
 }
+_COMPUTE = frozenset((ActionKind.F, ActionKind.B, ActionKind.STEP))
 _PHASE = {
     "fwd": "forward",
     "bwd": "backward",
@@ -165,6 +170,7 @@ class IpuWorker:
         self._stash: dict[tuple[str, int, int], dict[int, Values]] = {}
         self._held: dict[tuple[ActionKind, int, int], Values] = {}
         self._outputs: list[Output] = []  # deferred to the Finished report (see _report)
+        self._cpu_ns = 0  # this run's compute actions; See [Note: cores follow the work]
         self.thread = threading.Thread(
             target=self._main, name=f"poptorch_sim IPU {ipu}", daemon=True
         )
@@ -191,13 +197,16 @@ class IpuWorker:
     def _run(self, job: Job) -> bool:
         """Run one job; returns False when the thread must leave (STOP arrived)."""
         leave, action = False, None
+        self._cpu_ns = 0
         try:
+            self._set_threads(job)
             for action in job.actions:
                 if job.abort.is_set():
                     raise _Aborted()
                 self._traced(action, job)
             outputs = tuple(self._outputs)
-            self.reports.put((True, Finished(job.run_id, self.ipu, False, outputs)))
+            cpu_s = self._cpu_ns / 1e9
+            self.reports.put((True, Finished(job.run_id, self.ipu, False, outputs, cpu_s)))
         except _Aborted as stop:
             leave = stop.leave
             self.reports.put((True, Finished(job.run_id, self.ipu, aborted=True)))
@@ -210,6 +219,14 @@ class IpuWorker:
             for executor in self.stages.values():
                 executor.discard()
         return not leave
+
+    def _set_threads(self, job: Job) -> None:
+        """Take the run's intra-op thread count (See [Note: cores follow the work])."""
+        if job.threads is not None and job.threads != self.threads:
+            set_worker_threads(job.threads)
+            self.threads = job.threads
+        if self.trace is not None:
+            self.trace.count(self.ipu, "threads", self.threads)
 
     def _describe(self, action: Action | None, exc: BaseException) -> StageFailure:
         stage = action.stage if action is not None else min(self.stages)
@@ -224,12 +241,18 @@ class IpuWorker:
         return StageFailure(stage, self.ipu, action.mb if action else None, phase, exc, node)
 
     def _traced(self, action: Action, job: Job) -> None:
+        compute = action.kind in _COMPUTE
+        start = time.thread_time_ns() if compute else 0
         if self.trace is None:
             self._do(action, job)
-            return
-        category = _CATEGORY[action.kind]
-        with self.trace.span(self.ipu, repr(action), category, stage=action.stage, mb=action.mb):
-            self._do(action, job)
+        else:
+            category = _CATEGORY[action.kind]
+            with self.trace.span(
+                self.ipu, repr(action), category, stage=action.stage, mb=action.mb
+            ):
+                self._do(action, job)
+        if compute:
+            self._cpu_ns += time.thread_time_ns() - start
 
     # -- actions ----------------------------------------------------------------------------------
 
