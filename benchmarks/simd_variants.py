@@ -1,6 +1,7 @@
 """Times the short-row sort in every SIMD variant this CPU runs, against torch.sort and np.sort.
 
-Run ``.venv/bin/python benchmarks/simd_variants.py`` (``--tiles 1`` for one thread). For each row
+Run ``.venv/bin/python benchmarks/simd_variants.py`` (``--tiles 1`` for one thread, ``--quick``
+for a smoke run). For each row
 length, 2^20 float32 items in all: the default dispatch (each family's measured variant, see
 ``poptorch_sim.kernels.simd_choice``), each variant pinned, the 8-lane network compiled for AVX2
 (``torch.ops.poptorch_sim._sort_rows_8_lanes``, one tile), ``torch.sort`` and ``np.sort`` (values
@@ -60,7 +61,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tiles", type=int, default=0, help="tile count (0: the default)")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--lengths", type=int, nargs="*", default=[16, 64, 256, 1024, 4096, 32768])
+    parser.add_argument("--quick", action="store_true", help="2^16 items, rows of 16/256/4096")
     args = parser.parse_args(argv)
+    total = 1 << (16 if args.quick else 20)
+    if args.quick:
+        args.repeats, args.lengths = 3, [16, 256, 4096]
     if args.tiles:
         kernels.set_num_tiles(args.tiles)
     torch.manual_seed(0)
@@ -73,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     names = ["default", *levels, *(["8-lane hook"] if hook is not None else []), "torch", "np"]
     print(f"{'rows x length':<14}" + "".join(f"{name:>13}" for name in names) + "  (ms)")
     for n in args.lengths:
-        x = torch.randn((1 << 20) // n, n)
+        x = torch.randn(total // n, n)
         xn = x.numpy()
         ref_values, ref_indices = torch.sort(x, dim=1, stable=True)
 
