@@ -140,7 +140,8 @@ def phases(
             model(x)
         model.destroy()
         traces = [json.loads(path.read_text()) for path in Path(folder).glob("*.json")]
-    events = [e for trace in traces for e in trace["traceEvents"]]
+    # The folder also holds the memory report (JSON without trace events).
+    events = [e for trace in traces for e in trace.get("traceEvents", [])]
     tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     spans: dict[str, list[float]] = {"load": [], "compute": [], "store": []}
     for e in events:
