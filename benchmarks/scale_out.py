@@ -105,7 +105,12 @@ def launch(instances: int, replicas: int, args: argparse.Namespace, width: int) 
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "POPTORCH_SIM_THREADS_PER_IPU": "1"}
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=600)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{instances} instance(s) x {replicas} replica(s) exited {done.returncode}:\n"
+                f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+            )
         return json.loads(out.read_text())
 
 

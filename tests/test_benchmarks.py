@@ -22,7 +22,11 @@ BENCHMARKS = sorted(
 )
 # Narrower quick runs where the whole quick mode takes minutes; the models themselves are tested
 # against eager in tests/test_transformers_models.py and tests/test_real_models.py.
-EXTRA_ARGS = {"models.py": ["--only", "bert,gpt2", "--kinds", "train", "--no-model-ceilings"]}
+# scale_out.py: only its samples/s table, one two-process launch (each launch starts torchrun).
+EXTRA_ARGS = {
+    "models.py": ["--only", "bert,gpt2", "--kinds", "train", "--no-model-ceilings"],
+    "scale_out.py": ["--skip-sizes"],
+}
 RATIO = re.compile(r"\d+(\.\d+)?\s*[x×]|ratio[^:\n]*:\s*\d")
 
 
