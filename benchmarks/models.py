@@ -18,7 +18,7 @@ and a Llama-style ``LlamaForCausalLM``; each pipelined and sharded, training and
   its eager training step.
 
 Run: ``python benchmarks/models.py [--quick] [--steps N] [--only gpt2,bert]``
-(``--quick`` uses tiny configs and takes seconds.)
+(``--quick`` uses tiny configs: a minute or two on two cores.)
 """
 
 from __future__ import annotations
@@ -369,7 +369,7 @@ def model_ceiling(case: Case, s: Size, cores: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny configs: takes seconds")
+    parser.add_argument("--quick", action="store_true", help="tiny configs (a minute or two)")
     parser.add_argument("--steps", type=int, default=3, help="timed pairs per row (default 3)")
     parser.add_argument("--only", default="", help=f"comma-separated of {', '.join(CASES)}")
     parser.add_argument("--strategies", default="pipelined,sharded")
