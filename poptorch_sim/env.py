@@ -18,6 +18,8 @@ __all__ = [
     "ipu_model",
     "ipu_memory",
     "out_of_memory",
+    "simd_measure",
+    "user_cache_root",
     "sharding_config",
 ]
 
@@ -96,6 +98,17 @@ def default_options_json() -> str | None:
 def cache_dir() -> str | None:
     """``POPTORCH_CACHE_DIR``: equivalent of ``Options.enableExecutableCaching(path)``."""
     return _get("POPTORCH_CACHE_DIR")
+
+
+def user_cache_root() -> str:
+    """``XDG_CACHE_HOME``: the user's cache folder (default ``~/.cache``)."""
+    return _get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+
+
+def simd_measure() -> bool:
+    """``POPTORCH_SIM_SIMD_MEASURE``: choose each kernel family's SIMD variant by measurement
+    (default on; ``0`` turns it off)."""
+    return (_get("POPTORCH_SIM_SIMD_MEASURE") or "1") != "0"
 
 
 def ipu_model() -> bool:

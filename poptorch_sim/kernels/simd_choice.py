@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .. import env
 from . import engine
 
 __all__ = ["cache_file", "choose", "cpu_model", "measure", "simd_report"]
@@ -83,8 +84,7 @@ SAMPLES: dict[str, Sample] = {
 
 def cache_file() -> Path:
     """Returns the cache's path: ``$XDG_CACHE_HOME/poptorch_sim/simd_choice.json``."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "poptorch_sim" / "simd_choice.json"
+    return Path(env.user_cache_root()) / "poptorch_sim" / "simd_choice.json"
 
 
 def cpu_model() -> str:
@@ -243,7 +243,7 @@ def simd_report(path: Path | None = None) -> str:
 
 def apply() -> None:
     """Chooses at import (see the module's docstring), unless POPTORCH_SIM_SIMD_MEASURE=0."""
-    if os.environ.get("POPTORCH_SIM_SIMD_MEASURE", "1") == "0":
+    if not env.simd_measure():
         return
     measured: list[str] = []
 
