@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import torch
-from torch import nn
+from test_runtime import RecordThreads
 
 from poptorch_sim.profiling.trace import TraceRecorder
 from poptorch_sim.program import StagedProgram, StageSpec
@@ -110,18 +110,6 @@ def test_sharded_workers_each_get_every_core() -> None:
 
 
 # -- the runtime applies the split ----------------------------------------------------------------
-class RecordThreads(nn.Module):
-    """Identity stage that records its worker's intra-op thread count per call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[int] = []
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
-        self.seen.append(torch.get_num_threads())
-        return (x + 1,)
-
-
 def _two_stages(sharded: bool = False) -> tuple[StagedProgram, list[RecordThreads]]:
     probes = [RecordThreads(), RecordThreads()]
     stages = [
