@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from poptorch_sim.data import AsynchronousDataAccessor, DataLoader, workers
-from poptorch_sim.data.partition import process_block
+from poptorch_sim.data.process_block import process_block
 from poptorch_sim.data.rebatch import combine_batches, rebatch
 from poptorch_sim.enums import CommGroupType, DataLoaderMode, SharingStrategy
 from poptorch_sim.errors import Error
