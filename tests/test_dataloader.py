@@ -93,7 +93,7 @@ def collect(loader: Any, epochs: int = 1) -> list[list[Any]]:
 
 
 def within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` on a helper thread; fail the test (instead of hanging) if it takes too long."""
+    """Run ``fn`` on a thread of its own; fail the test (instead of hanging) if it takes too long."""
     result: dict[str, Any] = {}
 
     def run() -> None:
