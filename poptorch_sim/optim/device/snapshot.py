@@ -28,18 +28,18 @@ from typing import Any
 
 import torch
 
-from ..errors import Error
-from ..logger import logger
-from .adam import Adam, AdamW
-from .attributes import VariableAttributes
-from .base import Optimizer
-from .lamb import LAMB
-from .rmsprop import RMSprop
-from .sgd import SGD
+from ...errors import Error
+from ...logger import logger
+from ..adam import Adam, AdamW
+from ..attributes import VariableAttributes
+from ..base import Optimizer
+from ..lamb import LAMB
+from ..rmsprop import RMSprop
+from ..sgd import SGD
+from .hyperparameters import KINDS
 
 __all__ = ["GroupSnapshot", "OptimizerSnapshot", "snapshot", "KINDS", "SUPPORTED_TYPES"]
 
-KINDS = ("sgd", "adam", "adamw", "rmsprop", "lamb")
 SUPPORTED_TYPES: tuple[type[torch.optim.Optimizer], ...] = (
     SGD,
     Adam,
