@@ -16,6 +16,7 @@ Algorithms the kernels do not cover run on a torch optimizer built from the snap
 module                 responsible for
 =====================  ==============================================================
 ``snapshot``           the frozen hyper-parameters of a user optimizer
+``attribute_checks``   attributes a later snapshot does not know (reported, ignored)
 ``replacement``        whether ``setOptimizer``'s snapshot may replace the compiled one
 ``reduction``          the mean-reduction strategy an accumulation dtype asks for
 ``hyperparameters``    the kinds the fused kernels run, their defaults and checks
@@ -28,7 +29,7 @@ module                 responsible for
 =====================  ==============================================================
 
 The op wrappers these modules call are :mod:`poptorch_sim.kernels`' (``sgd_step_``,
-``adam_step_``, ``accumulate_``, ``offload_stats``, ...); the executor's side (building the
+``adam_step_``, ``grad_norm``, ``offload_stats``, ...); the executor's side (building the
 trainer from the options, ``setOptimizer``) is :mod:`poptorch_sim.executor.training`.
 """
 
