@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <functional>
 
-#include "simd.h"
-#include "sort.h"
+#include "common/simd.h"
+#include "sort/sort.h"
 
 namespace poptorch_sim {
 namespace sorting {

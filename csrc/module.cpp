@@ -8,7 +8,7 @@
 // of that. The GIL is released while the update runs.
 #include <torch/extension.h>
 
-#include "optimizer.h"
+#include "optim/optimizer.h"
 
 namespace py = pybind11;
 

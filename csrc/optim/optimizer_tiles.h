@@ -4,7 +4,7 @@
 
 #include <ATen/ATen.h>
 
-#include "optimizer.h"
+#include "optim/optimizer.h"
 
 namespace poptorch_sim {
 namespace optim {

@@ -1,8 +1,8 @@
 // poptorch_sim::sort and ::argsort: torch.sort's contract, sorted over the tile engine.
 // See [Note: sort keys] in sort.h, [Note: scatter sort] in scatter_sort.h, [Note: tile engine].
-#include "scatter_sort.h"
+#include "sort/scatter_sort.h"
 
-#include "bitonic.h"
+#include "sort/bitonic.h"
 
 #include <cstdlib>
 #include <memory>
@@ -11,8 +11,8 @@
 #include <ATen/WrapDimUtils.h>
 #include <torch/library.h>
 
-#include "output_cache.h"
-#include "sort_dispatch.h"
+#include "engine/output_cache.h"
+#include "sort/sort_dispatch.h"
 
 namespace poptorch_sim {
 namespace sorting {

@@ -14,8 +14,8 @@
 #include <ATen/WrapDimUtils.h>
 #include <torch/library.h>
 
-#include "sort.h"
-#include "sort_dispatch.h"
+#include "sort/sort.h"
+#include "sort/sort_dispatch.h"
 
 namespace poptorch_sim {
 namespace sorting {

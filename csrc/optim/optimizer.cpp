@@ -5,9 +5,9 @@
 // divided by it, then multiplied by the clip coefficient, exactly as
 // `p.grad /= loss_scaling; clip_grad_norm_(...); opt.step()` would; the element formulas and
 // their operation order follow torch/optim/*.py (`foreach=False`). See [Note: optimizer tiles].
-#include "optimizer.h"
-#include "optimizer_tiles.h"
-#include "tile_engine.h"
+#include "optim/optimizer.h"
+#include "optim/optimizer_tiles.h"
+#include "engine/tile_engine.h"
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>

@@ -41,7 +41,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "simd.h"
+#include "common/simd.h"
 
 namespace poptorch_sim {
 namespace sorting {
@@ -248,7 +248,7 @@ struct SplitVector {
 
 namespace native {
 constexpr bool kSplit = false;
-#include "bitonic_network.h"
+#include "sort/bitonic_network.h"
 }  // namespace native
 
 namespace split {
@@ -264,7 +264,7 @@ template <int W>
 using V32 = Split<bitonic::V32<W>, int32_t>;
 template <int W>
 using U32 = Split<bitonic::U32<W>, uint32_t>;
-#include "bitonic_network.h"
+#include "sort/bitonic_network.h"
 }  // namespace split
 
 // The functions above compiled for each SIMD level (see [Note: SIMD variants] in simd.h).

@@ -17,8 +17,8 @@
 
 #include <torch/library.h>
 
-#include "simd.h"
-#include "sort.h"
+#include "common/simd.h"
+#include "sort/sort.h"
 
 namespace poptorch_sim {
 namespace nms {

@@ -3,8 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "simd.h"
-#include "tile_engine.h"
+#include "common/simd.h"
+#include "engine/tile_engine.h"
 
 namespace poptorch_sim {
 namespace {
