@@ -1,66 +1,53 @@
-// Python bindings of the fused optimizer updates, for FusedOptimizer's eager step.
+// poptorch_sim._C, the Python module of the C++ kernels.
 //
-// The same functions are dispatcher ops (torch.ops.poptorch_sim.*_step_), which is what
-// torch.compile, fake tensors and opcheck see. Calling an op from Python converts every tensor
-// of every list through the JIT's schema matching, about a microsecond per tensor: with
-// thousands of parameters and four lists that is milliseconds per step, more than the update
-// of the small parameters itself. pybind11's conversion of the same lists costs a few percent
-// of that. The GIL is released while the update runs.
+// Loading it registers every op in torch.ops.poptorch_sim (each family's TORCH_LIBRARY_FRAGMENT).
+// The module itself holds the fused optimizer steps a second time, as Python functions generated
+// from their table (see [Note: two calls of one op] in optim/ops.h). The GIL is released while a
+// step runs.
 #include <torch/extension.h>
 
-#include "optim/optimizer.h"
+#include <vector>
 
-namespace py = pybind11;
+#include "optim/ops.h"
+
+namespace {
+
+// The type a Python function takes for a kernel's parameter of type T: a list becomes a vector
+// (the kernels take ArrayRefs, which view it).
+template <typename T>
+struct PythonArg {
+  using type = T;
+};
+template <>
+struct PythonArg<at::TensorList> {
+  using type = const std::vector<at::Tensor>&;
+};
+template <>
+struct PythonArg<at::ArrayRef<double>> {
+  using type = const std::vector<double>&;
+};
+
+// Kernel Fn with the parameter types of PythonArg.
+template <auto Fn>
+struct PythonFunction;
+template <typename R, typename... Args, R (*Fn)(Args...)>
+struct PythonFunction<Fn> {
+  static R call(typename PythonArg<Args>::type... args) { return Fn(args...); }
+};
+
+}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace poptorch_sim::optim;
+  namespace py = pybind11;
   m.doc() = "poptorch_sim's C++ kernels; the ops are in torch.ops.poptorch_sim";
-  const auto nogil = py::call_guard<py::gil_scoped_release>();
-  m.def("sgd_step_", [](const std::vector<at::Tensor>& params,
-                        const std::vector<at::Tensor>& grads,
-                        const std::vector<at::Tensor>& momentum_buffers, double lr,
-                        double momentum, double dampening, double weight_decay, bool nesterov,
-                        bool maximize, bool first_step, double loss_scaling, double clip_coef,
-                        int64_t chunk_elements) {
-    sgd_step(params, grads, momentum_buffers, lr, momentum, dampening, weight_decay, nesterov,
-             maximize, first_step, loss_scaling, clip_coef, chunk_elements);
-  }, nogil);
-  m.def("adam_step_", [](const std::vector<at::Tensor>& params,
-                         const std::vector<at::Tensor>& grads,
-                         const std::vector<at::Tensor>& exp_avgs,
-                         const std::vector<at::Tensor>& exp_avg_sqs,
-                         const std::vector<double>& steps, double lr, double beta1,
-                         double beta2, double eps, double weight_decay,
-                         bool decoupled_weight_decay, bool bias_correction, bool maximize,
-                         double loss_scaling, double clip_coef, int64_t chunk_elements) {
-    adam_step(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay,
-              decoupled_weight_decay, bias_correction, maximize, loss_scaling, clip_coef,
-              chunk_elements);
-  }, nogil);
-  m.def("rmsprop_step_", [](const std::vector<at::Tensor>& params,
-                            const std::vector<at::Tensor>& grads,
-                            const std::vector<at::Tensor>& square_avgs,
-                            const std::vector<at::Tensor>& momentum_buffers,
-                            const std::vector<at::Tensor>& grad_avgs, double lr, double alpha,
-                            double eps, double weight_decay, double momentum, bool centered,
-                            bool maximize, bool use_tf_variant, double loss_scaling,
-                            double clip_coef, int64_t chunk_elements) {
-    rmsprop_step(params, grads, square_avgs, momentum_buffers, grad_avgs, lr, alpha, eps,
-                 weight_decay, momentum, centered, maximize, use_tf_variant, loss_scaling,
-                 clip_coef, chunk_elements);
-  }, nogil);
-  m.def("lamb_step_", [](const std::vector<at::Tensor>& params,
-                         const std::vector<at::Tensor>& grads,
-                         const std::vector<at::Tensor>& exp_avgs,
-                         const std::vector<at::Tensor>& exp_avg_sqs,
-                         const std::vector<double>& steps, double lr, double beta1,
-                         double beta2, double eps, double weight_decay, double max_weight_norm,
-                         bool bias_correction, double loss_scaling, double clip_coef,
-                         int64_t chunk_elements) {
-    lamb_step(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay,
-              max_weight_norm, bias_correction, loss_scaling, clip_coef, chunk_elements);
-  }, nogil);
-  m.def("increment_steps_", [](const std::vector<at::Tensor>& steps) {
-    return increment_steps(steps);
-  });
+#define POPSIM_BIND(FN, RELEASE_GIL, SCHEMA)                                         \
+  if constexpr (RELEASE_GIL) {                                                       \
+    m.def(op_name(SCHEMA).c_str(), &PythonFunction<&FN>::call,                       \
+          py::call_guard<py::gil_scoped_release>());                                 \
+  } else {                                                                           \
+    m.def(op_name(SCHEMA).c_str(), &PythonFunction<&FN>::call);                      \
+  }
+  POPTORCH_SIM_OPTIM_OPS(POPSIM_BIND)
+#undef POPSIM_BIND
 }

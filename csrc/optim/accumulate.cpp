@@ -11,9 +11,9 @@
 
 #include <algorithm>
 
-#include "optim/optimizer.h"
 #include "common/simd.h"
 #include "engine/tile_engine.h"
+#include "optim/optimizer.h"
 
 namespace poptorch_sim {
 namespace accumulate {

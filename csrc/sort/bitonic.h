@@ -34,6 +34,7 @@
 // their values 2W at a time; the other dtypes one at a time through their codec.
 #pragma once
 
+// The standard headers of the network's code (the .inc files below, included into namespaces).
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -42,6 +43,10 @@
 #include <utility>
 
 #include "common/simd.h"
+#include "sort/bitonic/items.h"
+#include "sort/bitonic/network.h"
+#include "sort/bitonic/rows.h"
+#include "sort/bitonic/vectors.h"
 
 namespace poptorch_sim {
 namespace sorting {
@@ -50,210 +55,19 @@ namespace bitonic {
 // Longest run the long-row sorts hand to the network as their base case.
 constexpr int64_t kBitonicBaseMax = 64;
 
-// [Note: items as doubles]
-// The network compares items with the floating-point minimum and maximum (vminpd and vmaxpd:
-// two instructions per W pairs, where 64-bit integers take a compare and two blends, AVX2 having
-// no 64-bit integer minimum). Positive normal doubles order as their bit patterns do, so the
-// network lays a packed item (key << 32 | index) out as one: the exponent of 2.0, the 32-bit key,
-// then the index in 20 bits (kExponent | key << 20 | index, a double in [2, 4)). Whole rows
-// therefore reach the network only up to 2^20 items (kBitonicRowMax is far below that), and the
-// base case gives its items local indices (sort_items). Padding is 4.0, above every item.
-constexpr int kIndexBits = 20;
-constexpr int64_t kIndexMask = (int64_t{1} << kIndexBits) - 1;
-constexpr int64_t kExponent = int64_t{0x400} << 52;  // 2.0
-constexpr int64_t kPad = int64_t{0x401} << 52;       // 4.0: a padding item, after every real item
-
-// The network item of a packed item (key << 32 | index, index below 2^20), and back.
-constexpr int64_t network_item(uint64_t packed) {
-  return kExponent | static_cast<int64_t>(packed >> 32 << kIndexBits) |
-         static_cast<int64_t>(packed & kIndexMask);
-}
-constexpr uint64_t packed_item(int64_t item) {
-  return (static_cast<uint64_t>(item) >> kIndexBits & 0xffffffff) << 32 |
-         static_cast<uint64_t>(item & kIndexMask);
-}
-
-// Items the network sorts for a row of n: the power of two at least max(n, 2 * lanes).
-constexpr int64_t padded_size(int64_t n, int lanes) {
-  int64_t size = 2 * lanes;
-  while (size < n) {
-    size *= 2;
-  }
-  return size;
-}
-
-template <int W>
-struct Vec {
-  typedef int64_t type __attribute__((vector_size(8 * W)));
-  typedef uint64_t unsigned_type __attribute__((vector_size(8 * W)));
-};
-template <int W>
-using V = typename Vec<W>::type;
-template <int W>
-struct Vec32 {
-  typedef int32_t type __attribute__((vector_size(4 * W)));
-  typedef uint32_t unsigned_type __attribute__((vector_size(4 * W)));
-};
-template <int W>
-using V32 = typename Vec32<W>::type;
-template <int W>
-using U32 = typename Vec32<W>::unsigned_type;
-template <int W>
-using UV = typename Vec<W>::unsigned_type;
-template <int W>
-struct VecDouble {
-  typedef double type __attribute__((vector_size(8 * W)));
-};
-
-#define POPSIM_INLINE inline __attribute__((always_inline))
-
-// [Note: column networks]
-// Short runs are sorted a different way: W runs at once, one per lane. The W x W blocks of the
-// runs are transposed so that vector p holds item p of every run, a fixed sorting network (Batcher's
-// odd-even merge sort: 63 comparators for 16 items, against the bitonic network's 80) then
-// compares whole vectors (a compare and two blends per W pairs, no lane permutes), and the blocks
-// are transposed back. Rows of at most kRun items are sorted this way W rows at a time; longer
-// rows sort their runs of kRun items this way before the bitonic merges of the row.
-constexpr int kRun = 16;
-
-// The comparators of Batcher's odd-even merge sort for P items (P a power of two), in order.
-template <int P>
-constexpr int odd_even_size() {
-  int count = 0;
-  for (int p = 1; p < P; p *= 2) {
-    for (int k = p; k >= 1; k /= 2) {
-      for (int j = k % p; j + k < P; j += 2 * k) {
-        for (int i = 0; i < std::min(k, P - j - k); ++i) {
-          count += (i + j) / (2 * p) == (i + j + k) / (2 * p);
-        }
-      }
-    }
-  }
-  return count;
-}
-
-template <int P>
-constexpr std::array<std::pair<int, int>, odd_even_size<P>()> odd_even_pairs() {
-  std::array<std::pair<int, int>, odd_even_size<P>()> pairs{};
-  int count = 0;
-  for (int p = 1; p < P; p *= 2) {
-    for (int k = p; k >= 1; k /= 2) {
-      for (int j = k % p; j + k < P; j += 2 * k) {
-        for (int i = 0; i < std::min(k, P - j - k); ++i) {
-          if ((i + j) / (2 * p) == (i + j + k) / (2 * p)) {
-            pairs[count++] = {i + j, i + j + k};
-          }
-        }
-      }
-    }
-  }
-  return pairs;
-}
-
-// Vectors a register block holds: half of AVX2's register file, the rest is for temporaries.
-// (16 for AVX-512 spilled three times as many registers to the stack in GCC 12's code.)
-constexpr int kBlockVectors = 8;
-
-// Items a sort_rows buffer must hold for rows of n (any SIMD level).
-constexpr int64_t rows_buffer_size(int64_t n) { return std::max<int64_t>(padded_size(n, 8), 8 * kRun); }
-
-// Codecs whose items the loops below make and read back W at a time: float32 and int32.
-template <typename scalar_t>
-constexpr bool kVectorCodec = std::is_same<scalar_t, float>::value ||
-                              std::is_same<scalar_t, int32_t>::value;
-
-// [Note: streaming stores]
-// A sort's outputs are written once and not read again by the kernel. Where a tile writes a lot
-// of them, they go out with streaming stores, which skip reading each line into the cache before
-// writing it: the batched short-row sorts run right after other work (torch.sort, in the
-// benchmark) found their 12 MiB of outputs out of cache, and paid for that read as much as for
-// the sort of 16-item rows itself. Rows of 256 were slower streamed, though (two threads: 1.97
-// against 1.54 ms for 4096 x 256 in one run, and 2.2 against 1.9 ms in benchmarks/kernels.py,
-// 2026-11-23), while rows of 64 and 1024 came out the same and rows of 4096 3-8% faster; rows
-// between kRun and kStreamRowMin items are therefore written the ordinary way.
-constexpr int64_t kStreamMin = int64_t{1} << 16;  // items a tile writes before it streams them
-constexpr int64_t kStreamRowMin = 1024;           // the shortest row past kRun that streams
-
-
-// [Note: split 8-lane vectors]
-// The network's code (bitonic_network.h) is compiled twice: in namespace native for the SIMD
-// levels, where a vector of W lanes is one register (W = 8 with AVX-512, 4 with AVX2, 2 in the
-// baseline build), and in namespace split for the 8-lane network compiled for AVX2
-// (sort_rows_8_lanes_avx2, which runs the AVX-512 variant's logic on CPUs without it). A 64-byte
-// GCC vector has no register there: GCC 12 lowers its selects (the minimum and maximum of
-// exchange) and permutes one 64-bit lane at a time through memory, and copies it as 8- or
-// 16-byte pieces that the 32-byte loads after them cannot take from the store buffer (3637
-// vminsd, 3648 vmaxsd and 10398 vmovsd in 29730 instructions). In split, a 64-byte vector is a
-// SplitVector: two 32-byte halves, each operation two 4-lane ones (9983 instructions; float32
-// rows of 16 to 4096, one tile, 2^20 items, on a 16-core AVX-512 Xeon on 2026-11-25: 1.2-1.3
-// times the 4-lane network's time, where it was 9-22 times).
-
-// A 64-byte vector as two 32-byte GCC vectors, with the operators the network uses.
-template <typename E>
-struct SplitVector {
-  typedef E Half __attribute__((vector_size(32)));
-  static constexpr int kHalf = 32 / sizeof(E);
-  Half half[2];
-
-  // Lane i, to read or assign. (GCC 12 warns that the other lanes of a vector built lane by
-  // lane, from {}, may be uninitialized: -Wmaybe-uninitialized is off for the assignment.)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-  struct Lane {
-    SplitVector& v;
-    int i;
-    POPSIM_INLINE Lane& operator=(E value) {
-      v.half[i / kHalf][i % kHalf] = value;
-      return *this;
-    }
-    POPSIM_INLINE operator E() const { return v.half[i / kHalf][i % kHalf]; }
-  };
-#pragma GCC diagnostic pop
-  POPSIM_INLINE Lane operator[](int i) { return {*this, i}; }
-  POPSIM_INLINE E operator[](int i) const { return half[i / kHalf][i % kHalf]; }
-
-  // The same bits as lanes of another type (GCC's vector casts).
-  template <typename U>
-  POPSIM_INLINE explicit operator SplitVector<U>() const {
-    using Other = typename SplitVector<U>::Half;
-    return {{(Other)half[0], (Other)half[1]}};
-  }
-
-  POPSIM_INLINE SplitVector operator~() const { return {{~half[0], ~half[1]}}; }
-  POPSIM_INLINE SplitVector operator-() const { return {{-half[0], -half[1]}}; }
-
-#define POPSIM_SPLIT_OPERATOR(OP)                                                        \
-  POPSIM_INLINE friend SplitVector operator OP(const SplitVector& a, const SplitVector& b) { \
-    return {{a.half[0] OP b.half[0], a.half[1] OP b.half[1]}};                            \
-  }                                                                                       \
-  POPSIM_INLINE friend SplitVector operator OP(const SplitVector& a, E b) {              \
-    return {{a.half[0] OP b, a.half[1] OP b}};                                            \
-  }                                                                                       \
-  POPSIM_INLINE friend SplitVector operator OP(E a, const SplitVector& b) {              \
-    return {{a OP b.half[0], a OP b.half[1]}};                                            \
-  }                                                                                       \
-  POPSIM_INLINE SplitVector& operator OP##=(const SplitVector& b) {                      \
-    return *this = *this OP b;                                                            \
-  }                                                                                       \
-  POPSIM_INLINE SplitVector& operator OP##=(E b) { return *this = *this OP b; }
-  POPSIM_SPLIT_OPERATOR(&)
-  POPSIM_SPLIT_OPERATOR(|)
-  POPSIM_SPLIT_OPERATOR(^)
-  POPSIM_SPLIT_OPERATOR(+)
-  POPSIM_SPLIT_OPERATOR(-)
-  POPSIM_SPLIT_OPERATOR(<<)
-  POPSIM_SPLIT_OPERATOR(>>)
-#undef POPSIM_SPLIT_OPERATOR
-};
-
+// The network's vector code, one file per layer (SIMD wrappers, network steps, item
+// vectors, row loops), compiled once per vector kind: see [Note: split 8-lane vectors].
 namespace native {
 constexpr bool kSplit = false;
-#include "sort/bitonic_network.h"
+#include "sort/bitonic/vector_ops.inc"
+#include "sort/bitonic/steps.inc"
+#include "sort/bitonic/item_vectors.inc"
+#include "sort/bitonic/row_loops.inc"
 }  // namespace native
 
 namespace split {
 constexpr bool kSplit = true;
-// The vector types of bitonic_network.h: SplitVector where they are 64 bytes.
+// The vector types of the network's code: SplitVector where they are 64 bytes.
 template <typename Vector, typename E>
 using Split = std::conditional_t<sizeof(Vector) == 64, SplitVector<E>, Vector>;
 template <int W>
@@ -264,10 +78,13 @@ template <int W>
 using V32 = Split<bitonic::V32<W>, int32_t>;
 template <int W>
 using U32 = Split<bitonic::U32<W>, uint32_t>;
-#include "sort/bitonic_network.h"
+#include "sort/bitonic/vector_ops.inc"
+#include "sort/bitonic/steps.inc"
+#include "sort/bitonic/item_vectors.inc"
+#include "sort/bitonic/row_loops.inc"
 }  // namespace split
 
-// The functions above compiled for each SIMD level (see [Note: SIMD variants] in simd.h).
+// The functions above compiled for each SIMD level (see [Note: SIMD variants] in common/simd.h).
 #define POPSIM_BITONIC_VARIANT(SUFFIX, ATTRIBUTE, NETWORK, LANES)                             \
   template <typename Codec, typename scalar_t>                                                \
   ATTRIBUTE void sort_rows##SUFFIX(                                                           \

@@ -335,6 +335,11 @@ at::Tensor batched_nms_cpu(
 }  // namespace nms
 }  // namespace poptorch_sim
 
+TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
+  m.def("nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor");
+  m.def("batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor");
+}
+
 TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
   m.impl("nms", &poptorch_sim::nms::nms_cpu);
   m.impl("batched_nms", &poptorch_sim::nms::batched_nms_cpu);

@@ -22,8 +22,8 @@
 
 #include <ATen/ATen.h>
 
-#include "sort/bitonic.h"
 #include "engine/tile_engine.h"
+#include "sort/bitonic.h"
 
 namespace poptorch_sim {
 namespace sorting {

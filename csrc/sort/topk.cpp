@@ -171,6 +171,12 @@ std::tuple<at::Tensor, at::Tensor> topk_cpu(
 }  // namespace sorting
 }  // namespace poptorch_sim
 
+TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
+  m.def(
+      "topk(Tensor self, int k, int dim=-1, bool largest=True, bool sorted=True) "
+      "-> (Tensor values, Tensor indices)");
+}
+
 TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
   m.impl("topk", &poptorch_sim::sorting::topk_cpu);
 }
