@@ -4,15 +4,15 @@
 Every background thread of poptorch_sim (IPU workers, IO-tile phases, the prefetcher, serving
 feeders) follows the same four rules, kept here once:
 
-- **Daemon, named, started here** (``start``): a hung thread never keeps the process alive, and
+- **Daemon, named, started here** (``start_thread``): a hung thread never keeps the process alive, and
   its name says what it is in a stack dump or a warning.
-- **Every blocking wait polls a stop flag** every ``POLL_S`` (``get``, ``put``), so a thread
+- **Every blocking wait polls a stop flag** every ``POLL_S`` (``polled_get``, ``polled_put``), so a thread
   blocked on an empty or full queue notices ``close()`` within ``POLL_S``.
 - **Failures travel, never raise across threads**: a thread turns what it ran into an
   ``Outcome`` ``(ok, payload)`` (``attempt``) — ``(True, value)`` or ``(False, exception)`` —
   and hands it to the caller (a queue, a future), which re-raises it with its original
   traceback (``unwrap``).
-- **Joined with a bound** (``join``): the owner's ``close()`` waits at most ``JOIN_TIMEOUT_S``
+- **Joined with a bound** (``join_all``): the owner's ``close()`` waits at most ``JOIN_TIMEOUT_S``
   for all its threads together (``LONG_JOIN_TIMEOUT_S`` when one may be inside a model call),
   then warns naming the ones still running rather than hanging the caller.
 """
@@ -33,10 +33,10 @@ __all__ = [
     "POLL_S",
     "Outcome",
     "attempt",
-    "get",
-    "join",
-    "put",
-    "start",
+    "join_all",
+    "polled_get",
+    "polled_put",
+    "start_thread",
     "unwrap",
 ]
 
@@ -49,7 +49,7 @@ Outcome = tuple[bool, Any]  # (True, value) or (False, the exception raised)
 Stop = threading.Event | Callable[[], bool]
 
 
-def start(target: Callable[..., object], name: str, *args: Any) -> threading.Thread:
+def start_thread(target: Callable[..., object], name: str, *args: Any) -> threading.Thread:
     """Start ``target(*args)`` on a new daemon thread called ``name``; return the thread."""
     thread = threading.Thread(target=target, args=args, name=name, daemon=True)
     thread.start()
@@ -82,7 +82,9 @@ def _stopped(stop: Stop) -> bool:
     return stop.is_set() if isinstance(stop, threading.Event) else stop()
 
 
-def get(inbox: queue.Queue[T], stop: Stop, timeout: float | None = None) -> tuple[bool, T | None]:
+def polled_get(
+    inbox: queue.Queue[T], stop: Stop, timeout: float | None = None
+) -> tuple[bool, T | None]:
     """Wait for an item of ``inbox`` until ``stop`` or ``timeout`` seconds pass.
 
     Returns:
@@ -101,7 +103,7 @@ def get(inbox: queue.Queue[T], stop: Stop, timeout: float | None = None) -> tupl
                 return False, None
 
 
-def put(outbox: queue.Queue[T], item: T, stop: Stop) -> bool:
+def polled_put(outbox: queue.Queue[T], item: T, stop: Stop) -> bool:
     """Put ``item`` on a bounded ``outbox``, waiting for room; False if ``stop`` came first."""
     while not _stopped(stop):
         try:
@@ -112,7 +114,9 @@ def put(outbox: queue.Queue[T], item: T, stop: Stop) -> bool:
     return False
 
 
-def join(threads: Iterable[threading.Thread], timeout: float | None = JOIN_TIMEOUT_S) -> list[str]:
+def join_all(
+    threads: Iterable[threading.Thread], timeout: float | None = JOIN_TIMEOUT_S
+) -> list[str]:
     """Join ``threads`` within ``timeout`` seconds in all (None: wait as long as it takes).
 
     The calling thread is skipped (a thread closing its own owner cannot join itself).

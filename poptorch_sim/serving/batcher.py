@@ -34,7 +34,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..runtime import threads
+from ..runtime.threads import (
+    LONG_JOIN_TIMEOUT_S,
+    POLL_S,
+    Outcome,
+    attempt,
+    join_all,
+    polled_get,
+    start_thread,
+)
 
 __all__ = [
     "Batch",
@@ -112,7 +120,7 @@ def retry_alone(batcher: Batcher[Any], batch: Batch[Any], error: BaseException) 
     for request in batch.requests:
         alone = batcher.policy.open()
         alone.add(request)
-        batcher.finish(alone, threads.attempt(batcher.policy.call, alone), fail_all)
+        batcher.finish(alone, attempt(batcher.policy.call, alone), fail_all)
 
 
 class Batcher(Generic[B]):
@@ -142,7 +150,7 @@ class Batcher(Generic[B]):
         feeders: int = 1,
         name: str,
         drain: bool,
-        join_timeout_s: float | None = threads.LONG_JOIN_TIMEOUT_S,
+        join_timeout_s: float | None = LONG_JOIN_TIMEOUT_S,
     ) -> None:
         self.policy, self.on_failure = policy, on_failure
         self.timeout_s, self.max_held, self.drain = timeout_s, max_held, drain
@@ -153,7 +161,7 @@ class Batcher(Generic[B]):
         self._submit_lock = threading.Lock()
         self._gather_lock = threading.Lock()
         names = [name] if feeders == 1 else [f"{name} {i}" for i in range(feeders)]
-        self.threads = [threads.start(self._feed, n) for n in names]
+        self.threads = [start_thread(self._feed, n) for n in names]
 
     # -- callers ----------------------------------------------------------------------------------
 
@@ -173,7 +181,7 @@ class Batcher(Generic[B]):
         """Stop the feeders and join them; requests left waiting get ``error()`` (not drained)."""
         with self._submit_lock:
             self.stop.set()
-        threads.join(self.threads, self.join_timeout_s)
+        join_all(self.threads, self.join_timeout_s)
         with self._gather_lock:
             left, self.held = self.held, []
         while True:
@@ -185,7 +193,7 @@ class Batcher(Generic[B]):
             if request.future.set_running_or_notify_cancel():
                 request.future.set_exception(error())
 
-    def finish(self, batch: B, outcome: threads.Outcome, on_failure: FailurePolicy) -> None:
+    def finish(self, batch: B, outcome: Outcome, on_failure: FailurePolicy) -> None:
         """Complete the running futures of ``batch`` with the call's ``outcome``."""
         ok, payload = outcome
         if not ok:
@@ -204,7 +212,7 @@ class Batcher(Generic[B]):
                     return
                 batch = self._gather()
             if batch is not None and batch.requests:
-                self.finish(batch, threads.attempt(self.policy.call, batch), self.on_failure)
+                self.finish(batch, attempt(self.policy.call, batch), self.on_failure)
 
     def _waiting(self) -> bool:
         return bool(self.held) or not self.queue.empty()
@@ -212,7 +220,7 @@ class Batcher(Generic[B]):
     def _gather(self) -> B | None:
         """One batch in arrival order, or None when no request came within ``POLL_S``."""
         if not self.held:
-            got, first = threads.get(self.queue, self.stop, threads.POLL_S)
+            got, first = polled_get(self.queue, self.stop, POLL_S)
             if not got:
                 return None
             self.held.append(first)
@@ -226,7 +234,7 @@ class Batcher(Generic[B]):
         deadline = time.monotonic() + self.timeout_s
         while not batch.full and len(self.held) < self.max_held:
             left = deadline - time.monotonic()
-            got, request = threads.get(self.queue, self.stop, max(0.0, left))
+            got, request = polled_get(self.queue, self.stop, max(0.0, left))
             if not got:
                 break
             if not batch.add(request):
