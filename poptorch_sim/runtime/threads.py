@@ -115,11 +115,16 @@ def polled_put(outbox: queue.Queue[T], item: T, stop: Stop) -> bool:
 
 
 def join_all(
-    threads: Iterable[threading.Thread], timeout: float | None = JOIN_TIMEOUT_S
+    threads: Iterable[threading.Thread], timeout: float | None = JOIN_TIMEOUT_S, why: str = ""
 ) -> list[str]:
     """Join ``threads`` within ``timeout`` seconds in all (None: wait as long as it takes).
 
     The calling thread is skipped (a thread closing its own owner cannot join itself).
+
+    Args:
+        threads: the threads, told to stop already.
+        timeout: seconds for all of them together.
+        why: appended to the warning about a thread still running (what it is probably doing).
 
     Returns:
         The names of the threads still running, each also logged as a warning.
@@ -132,5 +137,5 @@ def join_all(
         thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             alive.append(thread.name)
-            logger.warning("%s did not stop within %.0f s", thread.name, timeout)
+            logger.warning("%s did not stop within %.0f s%s", thread.name, timeout, why)
     return alive
