@@ -15,7 +15,8 @@ and stored at the same time, three deep, which is why PopRT asks for at least th
 threads; without IO tiles the model runs one call at a time.
 
 A request that fails in the model is retried alone, so its error reaches its caller only; the
-runner keeps serving the others.
+runner keeps serving the others. The queue, the gathering, ``close`` and that retry are the
+``Batcher``'s (See [Note: the batching service]); this module says what a batch of rows is.
 """
 
 from __future__ import annotations
