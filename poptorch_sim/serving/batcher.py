@@ -1,7 +1,7 @@
 """``Batcher``: the request-batching service under ``Runner`` and ``PackRunner``.
 
 [Note: the batching service]
-Callers ``submit`` requests (anything with a ``future``) to a bounded queue; ``threads`` feeder
+Callers ``submit`` requests (anything with a ``future``) to a bounded queue; ``feeders`` feeder
 threads each gather one batch at a time and serve it with one model call::
 
     submit ──► [bounded queue] ──► feeder: gather ──► policy.call(batch) ──► each future's result
@@ -10,7 +10,7 @@ threads each gather one batch at a time and serve it with one model call::
 
 Gathering (one feeder at a time, so batches fill in arrival order): place the held requests,
 else wait for a first one; then add from the queue until the batch is ``full``, ``max_held``
-requests are held back for lack of room, or ``timeout_s`` has passed since the gathering began.
+requests are held back for lack of room, or ``timeout_s`` has passed since the batch got its first request.
 
 What is a batch (``policy.open()``: rows or slots, when it is full, whether a cancelled request
 takes room) and one model call (``policy.call``) belong to the adapter; futures whose request
@@ -130,7 +130,7 @@ class Batcher(Generic[B]):
     Args:
         policy: makes batches and runs them.
         max_queue: requests that may wait in the queue.
-        timeout_s: how long a batch may wait to fill after its gathering began.
+        timeout_s: how long a batch may wait to fill after it got its first request.
         max_held: requests held back for lack of room that end a batch's gathering.
         on_failure: ``fail_all`` or ``retry_alone``.
         feeders: feeder threads (model calls that may run at once).
