@@ -10,7 +10,8 @@ threads each gather one batch at a time and serve it with one model call::
 
 Gathering (one feeder at a time, so batches fill in arrival order): place the held requests,
 else wait for a first one; then add from the queue until the batch is ``full``, ``max_held``
-requests are held back for lack of room, or ``timeout_s`` has passed since the batch got its first request.
+requests are held back for lack of room, or ``timeout_s`` has passed since the batch got its
+first request.
 
 What is a batch (``policy.open()``: rows or slots, when it is full, whether a cancelled request
 takes room) and one model call (``policy.call``) belong to the adapter; futures whose request
