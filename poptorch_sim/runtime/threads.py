@@ -4,10 +4,10 @@
 Every background thread of poptorch_sim (IPU workers, IO-tile phases, the prefetcher, serving
 feeders) follows the same four rules, kept here once:
 
-- **Daemon, named, started here** (``start_thread``): a hung thread never keeps the process alive, and
-  its name says what it is in a stack dump or a warning.
-- **Every blocking wait polls a stop flag** every ``POLL_S`` (``polled_get``, ``polled_put``), so a thread
-  blocked on an empty or full queue notices ``close()`` within ``POLL_S``.
+- **Daemon, named, started here** (``start_thread``): a hung thread never keeps the process
+  alive, and its name says what it is in a stack dump or a warning.
+- **Every blocking wait polls a stop flag** every ``POLL_S`` (``polled_get``, ``polled_put``),
+  so a thread blocked on an empty or full queue notices ``close()`` within ``POLL_S``.
 - **Failures travel, never raise across threads**: a thread turns what it ran into an
   ``Outcome`` ``(ok, payload)`` (``attempt``) — ``(True, value)`` or ``(False, exception)`` —
   and hands it to the caller (a queue, a future), which re-raises it with its original
@@ -57,7 +57,7 @@ def start_thread(target: Callable[..., object], name: str, *args: Any) -> thread
 
 
 def attempt(fn: Callable[..., T], *args: Any) -> Outcome:
-    """``(True, fn(*args))``, or ``(False, exc)`` if it raised: a thread's result, safe to hand over.
+    """``(True, fn(*args))``, or ``(False, exc)`` if it raised: a result safe to hand over.
 
     >>> attempt(int, "3")
     (True, 3)
