@@ -47,7 +47,7 @@ from ..optim.device import (
     device_optimizer,
     restore_groups_,
 )
-from ..optim.ipu_state import export_state, import_state
+from ..optim.ipu_state import export_state, idle_velocities, import_state
 from ..optim.reduction import apply_mean_reduction_strategy
 from ..optim.replacement import check_update
 from ..optim.snapshot import OptimizerSnapshot, snapshot
@@ -109,6 +109,10 @@ class DeviceTrainer:
                 second_order_momentum_accum_type=snap.second_order_momentum_accum_type,
                 off_chip=off_chip,
             )
+            for p in idle_velocities(snap, params, gradient_accumulation):
+                self.optimizer.state.setdefault(p, {})["momentum_buffer"] = self.optimizer._zeros(
+                    p, 0
+                )
         else:
             self.optimizer = device_optimizer(snap, params)
         self.trace: TraceRecorder | None = None

@@ -131,7 +131,7 @@ class MemoryReport:
         ]
         if any(m.activations for m in self.ipus):
             kept = (
-                "inputs kept, plus one micro-batch recomputed in backward,"
+                "inputs and checkpoints kept, plus one micro-batch recomputed in backward,"
                 if self.settings.get("recomputation")
                 else "saved for backward"
             )

@@ -107,9 +107,12 @@ def recomputationCheckpoint(*tensors: Any) -> Any:
     for t in tensors:
         if not (isinstance(t, torch.Tensor) or is_proxy(t)):
             raise ValueError("All inputs must be tensors")
-    if len(tensors) == 1:
-        return tensors[0]
-    return tuple(tensors)
+    # The op, as PopTorch calls it: the capture keeps it as a node of the stage, which
+    # recomputation reads (see [Note: recomputation checkpoints] in runtime/checkpoints.py).
+    marked = tuple(torch.ops.poptorch.recomputation_checkpoint(t) for t in tensors)
+    if len(marked) == 1:
+        return marked[0]
+    return marked
 
 
 _SERIALIZED_DIM = {
