@@ -178,6 +178,24 @@ def test_rts_divides_optimizer_state_by_the_replicas() -> None:
         assert totals[rts] == expected
 
 
+def test_report_is_per_replica_and_says_so() -> None:
+    texts = {}
+    for replicas, rts in ((1, False), (2, False), (2, True)):
+        net = Mlp(2)
+        model = poptorch.trainingModel(
+            net, _options(4, replicas, rts=rts), poptorch.optim.Adam(net.parameters())
+        )
+        model.compile(*mlp_batch(16 * replicas))
+        report = memory_report(model)
+        assert report.replicas == replicas and [m.ipu for m in report.ipus] == [0, 1]
+        texts[replicas, rts] = str(report)
+        model.destroy()
+    assert "replica" not in texts[1, False].split("\n", 1)[1]
+    assert "per replica: 2 replicas each hold this on their own IPUs" in texts[2, False]
+    assert "(4 IPUs in all)" in texts[2, False] and "RTS:" not in texts[2, False]
+    assert "(RTS: each holds 1/2 of the optimizer state)" in texts[2, True]
+
+
 def test_recomputation_keeps_only_stage_inputs_and_trains_like_eager() -> None:
     torch.manual_seed(1)
     net = Mlp(3)
