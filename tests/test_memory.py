@@ -124,12 +124,16 @@ CASES = {
         dict(recompute=True, offload=True),
         "adamw",
     ),
+    "mlp-3ipu-ga6-sgd-momentum0": (Mlp, mlp_batch, 6, dict(), "sgd-momentum0"),
+    "mlp-2ipu-ga8-sgd-checkpoints": (lambda: Marked("poptorch"), mlp_batch, 8, dict(), "sgd"),
 }
 
 
 def _optimizer(kind: str, params: Any) -> torch.optim.Optimizer:
     if kind == "sgd":
         return poptorch.optim.SGD(params, lr=0.01, momentum=0.9)
+    if kind == "sgd-momentum0":
+        return torch.optim.SGD(params, lr=0.01)
     if kind == "lamb":
         return poptorch.optim.LAMB(params, lr=1e-3)
     if kind == "adamw":
@@ -343,7 +347,20 @@ def test_sgd_variants_hold_what_poptorch_holds(
 
 
 # -- BERT and GPT-2 -----------------------------------------------------------------------------
-transformers_cases = ["bert-4ipu-ga8", "bert-4ipu-ga16-recompute", "gpt2-4ipu-ga10-offload"]
+transformers_cases = [
+    "bert-4ipu-ga8",
+    "bert-4ipu-ga16-recompute",
+    "bert-4ipu-ga8-checkpoints",
+    "gpt2-4ipu-ga10-offload",
+]
+
+
+def _mark_outputs(module: nn.Module, inputs: Any, outputs: Any) -> Any:
+    """A forward hook marking a layer's outputs, as Graphcore's BERT and GPT-2 pipelines do."""
+    if isinstance(outputs, tuple):
+        return tuple(poptorch.recomputationCheckpoint(o) if isinstance(o, torch.Tensor) else o
+                     for o in outputs)  # fmt: skip
+    return poptorch.recomputationCheckpoint(outputs)
 
 
 def _transformer(case: str) -> tuple[nn.Module, dict[str, torch.Tensor], poptorch.Options]:
@@ -353,6 +370,9 @@ def _transformer(case: str) -> tuple[nn.Module, dict[str, torch.Tensor], poptorc
     ga = int(case.split("-ga")[1].split("-")[0])
     if case.startswith("bert"):
         model = bert_classifier()
+        if "checkpoints" in case:
+            for layer in model.bert.encoder.layer:
+                layer.register_forward_hook(_mark_outputs)
         batch = {**text_batch(2 * ga), "labels": torch.randint(0, 3, (2 * ga,))}
         opts = _options(ga, recompute="recompute" in case)
     else:
