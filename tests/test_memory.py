@@ -252,11 +252,12 @@ class Marked(nn.Module):
 
 
 def _marked_run(
-    route: str | None, recompute: int | None, state: dict, p: float = 0.25
+    route: str | None, recompute: int | None, state: dict, p: float = 0.25, capture: str = "fx"
 ) -> tuple[Any, ...]:
     net = Marked(route, p)
     net.load_state_dict(state)
     opts = poptorch.Options()
+    opts.Jit.captureMethod(capture)
     opts.Training.gradientAccumulation(8)
     opts.randomSeed(3)
     if recompute is not None:
@@ -294,9 +295,13 @@ def test_recomputation_checkpoints_are_stashed_and_train_like_eager(
     assert all(not torch.equal(v, state[name]) for name, v in weights.items())
 
 
-def test_recomputation_checkpoints_match_eager() -> None:
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_recomputation_checkpoints_match_eager(capture: str) -> None:
+    # Both captures keep the mark as a node of the stage (torch.fx: the op, torch.export: its
+    # overload).
     state = Marked(None, 0.0).state_dict()
-    _, _, weights, out = _marked_run("poptorch", 3, state, p=0.0)
+    report, _, weights, out = _marked_run("poptorch", None, state, p=0.0, capture=capture)
+    assert report.ipus[0].activations_per_micro_batch == {0: 8 * 16 * 4 + 8 * 64 * 4}
     eager = Marked("poptorch", 0.0)
     eager.load_state_dict(state)
     opt = torch.optim.SGD(eager.parameters(), lr=0.1)
