@@ -200,6 +200,20 @@ def test_report_is_per_replica_and_says_so() -> None:
     assert "(RTS: each holds 1/2 of the optimizer state)" in texts[2, True]
 
 
+@pytest.mark.parametrize(("ga", "replicas"), [(1, 2), (4, 1), (4, 2)])
+def test_gradient_accumulators_come_with_accumulation_only(ga: int, replicas: int) -> None:
+    # PopART adds an accumulator per weight with gradient accumulation; replicas alone
+    # all-reduce each gradient as it is produced.
+    net = _WithLoss()
+    opts = poptorch.Options().replicationFactor(replicas)
+    opts.Training.gradientAccumulation(ga)
+    model = poptorch.trainingModel(net, opts, poptorch.optim.Adam(net.parameters()))
+    model.compile(*mlp_batch(4 * ga * replicas))
+    ipu = memory_report(model).ipus[0]
+    assert ipu.gradients == (ipu.weights if ga > 1 else 0)
+    model.destroy()
+
+
 def test_recomputation_keeps_only_stage_inputs_and_trains_like_eager() -> None:
     torch.manual_seed(1)
     net = Mlp(3)

@@ -7,8 +7,9 @@ For one replica, IPU ``i`` holds, in bytes:
 weights            every parameter and buffer of the stages on ``i`` (a tensor shared by two
                    of its stages once)
 gradients          an accumulator per trainable parameter, in the optimizer's ``accum_type``,
-                   when gradient accumulation > 1 or replicas > 1; otherwise each gradient is
-                   consumed by the update as it is produced and none is kept. SGD with
+                   when gradient accumulation > 1; otherwise each gradient is consumed by the
+                   update as it is produced (replicas reduce it in place) and none is kept,
+                   as PopART's SGD2 and Adam decompositions do. SGD with
                    ``use_combined_accum=True`` (PopART's SGD1) keeps instead one combined
                    accumulator-and-velocity tensor per weight, in the weight's dtype, and no
                    optimizer state (PopTorch: ``setOptimizerLocation`` has no effect on it)
@@ -166,7 +167,7 @@ def ipu_memory(
     weights = gradients = on_chip = off_chip = 0
     detail: dict[str, int] = {}
     accum = optimizer[0].accum_type if optimizer is not None else _FLOAT32
-    accumulate = settings.gradient_accumulation > 1 or settings.replicas > 1
+    accumulate = settings.gradient_accumulation > 1
     for _, module in modules:
         for t in [*module.parameters(), *module.buffers()]:
             key = storage_key(t) if t.device.type != "meta" else id(t)

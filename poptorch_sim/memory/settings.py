@@ -4,7 +4,8 @@
 option                                     effect on the estimate
 =========================================  ==================================================
 ``Training.gradientAccumulation`` (GA)     micro-batches per step; GA > 1 needs gradient
-                                           accumulators (also replicas > 1)
+                                           accumulators (replicas alone reduce each gradient
+                                           in place, as PopART does)
 ``replicationFactor`` (R)                  RTS divides optimizer state by R
 ``TensorLocations.setOptimizerLocation``   ``useOnChipStorage(False)``: state in streaming
                                            memory (0 on chip); ``useReplicatedTensorSharding``

@@ -157,15 +157,19 @@ class StageExecutor:
         probe = self.probe
         counting = probe.recompute(self.spec.index, mb) if probe is not None else None
         marks = Checkpoints(saved.checkpoints) if saved.checkpoints is not None else None
+        # Only a stage that draws replays the RNG: another stage's replay, unlocked, would move
+        # the process-wide RNG under the forward of a stage that draws.
+        replay = self._rng_lock is not None
         with (
             self._rng_lock or nullcontext(),
-            torch.random.fork_rng(devices=devices),
+            torch.random.fork_rng(devices=devices) if replay else nullcontext(),
             counting or nullcontext(),
             marks or nullcontext(),
         ):
-            torch.set_rng_state(saved.rng[0])
-            if saved.rng[1] is not None:
-                torch.cuda.set_rng_state(saved.rng[1], devices[0])
+            if replay:
+                torch.set_rng_state(saved.rng[0])
+                if saved.rng[1] is not None:
+                    torch.cuda.set_rng_state(saved.rng[1], devices[0])
             with torch.enable_grad():
                 result = _call(self.spec.module, saved.args)
         with torch.no_grad():
@@ -258,4 +262,6 @@ def _rng_state(args: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
 # leaves buffers as the original forward left them (running statistics are updated once).
 # The RNG is the process-wide one: so that no other stage draws between the saved state and a
 # stage's own draws, the forward and the recomputation of stages with random ops hold one
-# process-wide lock (they do not overlap each other; stages without random ops are not held).
+# process-wide lock (they do not overlap each other; stages without random ops are not held,
+# and their recomputation leaves the RNG alone: restoring it on their own thread would undo
+# the draws another stage made meanwhile).
