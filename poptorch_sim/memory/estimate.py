@@ -26,7 +26,10 @@ activations        the peak, over the IPU's own action list in the schedule actu
                    its stage's bytes per micro-batch, a backward releases them. With pipeline
                    recomputation a forward keeps only the stage's inputs and the values marked
                    with ``recomputationCheckpoint``, and a backward briefly holds one
-                   micro-batch's full activations again
+                   micro-batch's full activations again. Simulated: the simulator recomputes
+                   a stage's segments between marks all at once before differentiating them,
+                   and the estimate counts that; an IPU recomputes them one at a time, so with
+                   marks its transient is one segment's
 allowance          10% of the limit, reserved for what the model cannot know: the program's
                    code, exchange buffers and temporaries (Poplar's "always-live" and
                    "not-always-live" memory). It is not measured, only stated
