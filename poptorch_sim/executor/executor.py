@@ -32,7 +32,7 @@ from ..memory.build import at_compile as memory_at_compile
 from ..ops.annotations import overlap_marks
 from ..ops.blocks import uses_begin_block
 from ..optim import SGD
-from ..optim.snapshot import OptimizerSnapshot
+from ..optim.device import OptimizerSnapshot
 from ..options import Options
 from ..options.session import log_options
 from ..printing import module_repr

@@ -17,9 +17,9 @@ optimizer_state    per trainable parameter, the optimizer's state tensors in the
                    (SGD: the velocity in ``velocity_accum_type``, kept unless PopART runs plain
                    SGD, momentum a constant 0 without gradient accumulation: with separate
                    tensors (SGD2) even momentum 0 with accumulation keeps one, and so does the
-                   simulator (``optim.ipu_state.idle_velocities``); Adam/AdamW/LAMB: first and second moments and
-                   a float32 step; RMSprop: mean square, momentum / mean gradient when used,
-                   step). Off chip (``useOnChipStorage(False)``): 0 on chip. RTS: each tensor
+                   simulator, see ``idle_velocities`` in ``optim/device/ipu_state.py``;
+                   Adam/AdamW/LAMB: first and second moments and a float32 step; RMSprop:
+                   mean square, momentum / mean gradient when used, step). Off chip (``useOnChipStorage(False)``): 0 on chip. RTS: each tensor
                    padded to a multiple of R and divided by R
 activations        the peak, over the IPU's own action list in the schedule actually used, of
                    the bytes saved for backward by the micro-batches in flight: a forward adds
