@@ -229,6 +229,43 @@ def test_pipelined_training_recomputes_only_when_asked_or_marked() -> None:
     assert compiled(False, None)[0] is False and compiled(True, None)[0] is True
 
 
+def test_recomputation_runs_the_segments_between_checkpoints_at_once() -> None:
+    # On an IPU, backward recomputes the segments between recomputationCheckpoint marks one at
+    # a time, so the transient is one segment's activations; the simulator recomputes the whole
+    # stage before differentiating it, and the memory estimate counts that (see
+    # poptorch_sim/memory/estimate.py).
+    from poptorch_sim.memory import measure
+
+    class Net(nn.Module):
+        def __init__(self, marked: bool) -> None:
+            super().__init__()
+            self.a = poptorch.BeginBlock(nn.Linear(8, 32), "a", ipu_id=0)
+            self.a2 = nn.Linear(32, 32)
+            self.b = poptorch.BeginBlock(nn.Linear(32, 2), "b", ipu_id=1)
+            self.marked = marked
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor):
+            h = torch.tanh(self.a(x))
+            h = poptorch.recomputationCheckpoint(h) if self.marked else h
+            out = self.b(torch.tanh(self.a2(h)))
+            return out, nn.functional.cross_entropy(out, y)
+
+    def stage_0(marked: bool, recompute: int) -> tuple[int, int, int]:
+        net = Net(marked)
+        opts = poptorch.Options()
+        opts.Training.gradientAccumulation(4)
+        opts._Popart.set("autoRecomputation", recompute)
+        model = poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1))
+        got = measure(model, torch.randn(16, 8), torch.randint(0, 2, (16,)))[0]
+        flight = poptorch.memory_report(model).ipus[0].in_flight[0]
+        model.destroy()
+        return got.activations_per_micro_batch[0], got.activations, flight
+
+    whole = stage_0(False, 0)[0]  # what one micro-batch's full forward saves
+    kept, peak, flight = stage_0(True, 3)
+    assert flight > 1 and peak - flight * kept >= whole
+
+
 def test_floating_point_exceptions_check_the_forward_pass_only() -> None:
     # sqrt's gradient at 0 is inf: an IPU would trap in the backward pass; only the forward
     # pass is checked here (see poptorch_sim/executor/fp_checks.py).
