@@ -89,6 +89,11 @@ def set_available_memory(tensor: torch.Tensor, available_memory_proportion: floa
 def recomputationCheckpoint(*tensors: Any) -> Any:
     """Keep these values in memory between forward and backward instead of recomputing them.
 
+    With recomputation on (``_Popart.set("autoRecomputation", 3)``; not set, a pipelined
+    training model over several IPUs with marks turns it on, as PopTorch's default does), a
+    stage stashes its inputs and these values per micro-batch and recomputes the rest in
+    backward; without recomputation the op is an identity.
+
     Args:
         tensors: one or more tensors, or a single list/tuple of tensors.
 
