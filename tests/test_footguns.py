@@ -182,33 +182,6 @@ def test_one_overlapped_output_sends_every_input_and_output_through_the_io_threa
     model.destroy()
 
 
-def test_sgd_without_momentum_keeps_no_velocity_that_the_memory_estimate_counts() -> None:
-    # PopART keeps an SGD velocity with gradient accumulation even at momentum 0, so the memory
-    # estimate counts one (poptorch_sim/memory/estimate.py); the simulator's optimizer, whose
-    # update is the same without it, allocates none (poptorch_sim.memory.measure shows 0).
-    from poptorch_sim.memory import measure, memory_report
-
-    class TwoIpus(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a = poptorch.BeginBlock(nn.Linear(4, 4), "a", ipu_id=0)
-            self.b = poptorch.BeginBlock(nn.Linear(4, 2), "b", ipu_id=1)
-
-        def forward(self, x: torch.Tensor, y: torch.Tensor):
-            out = self.b(torch.relu(self.a(x)))
-            return out, nn.functional.cross_entropy(out, y)
-
-    net = TwoIpus()
-    opts = poptorch.Options()
-    opts.Training.gradientAccumulation(4)
-    model = poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1))
-    measured = measure(model, torch.randn(16, 4), torch.randint(0, 2, (16,)))
-    estimated = memory_report(model).ipus
-    assert [m.optimizer_state for m in estimated] == [4 * (16 + 4), 4 * (8 + 2)]
-    assert [m.optimizer_state for m in measured] == [0, 0]
-    model.destroy()
-
-
 def test_a_model_over_its_memory_limit_still_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     # On an IPU it would fail to compile; the simulator warns and runs it (set
     # POPTORCH_SIM_OUT_OF_MEMORY=error for the IPU's behaviour; see poptorch_sim/memory/limits.py).
@@ -221,11 +194,13 @@ def test_a_model_over_its_memory_limit_still_runs(monkeypatch: pytest.MonkeyPatc
     assert poptorch.memory_report(model).over_limit
 
 
-def test_recomputation_checkpoints_do_not_change_the_memory_estimate() -> None:
-    # recomputationCheckpoint is an identity in the captured graph, so pipeline recomputation
-    # keeps only each stage's inputs whether or not values are checkpointed; on an IPU the
-    # checkpointed values are stashed too (see poptorch_sim/memory/estimate.py).
-    def compiled(checkpoint: bool) -> list[int]:
+def test_pipelined_training_recomputes_only_when_asked_or_marked() -> None:
+    # PopTorch turns on RecomputationType.Pipeline for pipelined training over several IPUs
+    # when autoRecomputation is not set. The simulator does so only for stages that mark values
+    # with recomputationCheckpoint; otherwise each stage keeps its activations until its
+    # backward (no second forward), and the memory estimate counts what it keeps (see
+    # poptorch_sim/memory/settings.py).
+    def compiled(checkpoint: bool, recompute: int | None) -> list[int]:
         class Net(nn.Module):
             def __init__(self) -> None:
                 super().__init__()
@@ -241,14 +216,54 @@ def test_recomputation_checkpoints_do_not_change_the_memory_estimate() -> None:
         net = Net()
         opts = poptorch.Options()
         opts.Training.gradientAccumulation(4)
-        opts._Popart.set("autoRecomputation", 3)
+        if recompute is not None:
+            opts._Popart.set("autoRecomputation", recompute)
         model = poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1))
         model.compile(torch.randn(16, 4), torch.randint(0, 2, (16,)))
-        acts = [m.activations for m in poptorch.memory_report(model).ipus]
+        report = poptorch.memory_report(model)
         model.destroy()
-        return acts
+        return [report.settings["recomputation"], *(m.activations for m in report.ipus)]
 
-    assert compiled(True) == compiled(False)
+    assert compiled(False, None) == compiled(False, 0) != compiled(False, 3)
+    assert compiled(True, None) == compiled(True, 3) != compiled(True, 0)
+    assert compiled(False, None)[0] is False and compiled(True, None)[0] is True
+
+
+def test_recomputation_runs_the_segments_between_checkpoints_at_once() -> None:
+    # On an IPU, backward recomputes the segments between recomputationCheckpoint marks one at
+    # a time, so the transient is one segment's activations; the simulator recomputes the whole
+    # stage before differentiating it, and the memory estimate counts that (see
+    # poptorch_sim/memory/estimate.py).
+    from poptorch_sim.memory import measure
+
+    class Net(nn.Module):
+        def __init__(self, marked: bool) -> None:
+            super().__init__()
+            self.a = poptorch.BeginBlock(nn.Linear(8, 32), "a", ipu_id=0)
+            self.a2 = nn.Linear(32, 32)
+            self.b = poptorch.BeginBlock(nn.Linear(32, 2), "b", ipu_id=1)
+            self.marked = marked
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor):
+            h = torch.tanh(self.a(x))
+            h = poptorch.recomputationCheckpoint(h) if self.marked else h
+            out = self.b(torch.tanh(self.a2(h)))
+            return out, nn.functional.cross_entropy(out, y)
+
+    def stage_0(marked: bool, recompute: int) -> tuple[int, int, int]:
+        net = Net(marked)
+        opts = poptorch.Options()
+        opts.Training.gradientAccumulation(4)
+        opts._Popart.set("autoRecomputation", recompute)
+        model = poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1))
+        got = measure(model, torch.randn(16, 8), torch.randint(0, 2, (16,)))[0]
+        flight = poptorch.memory_report(model).ipus[0].in_flight[0]
+        model.destroy()
+        return got.activations_per_micro_batch[0], got.activations, flight
+
+    whole = stage_0(False, 0)[0]  # what one micro-batch's full forward saves
+    kept, peak, flight = stage_0(True, 3)
+    assert flight > 1 and peak - flight * kept >= whole
 
 
 def test_floating_point_exceptions_check_the_forward_pass_only() -> None:

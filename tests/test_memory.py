@@ -124,12 +124,16 @@ CASES = {
         dict(recompute=True, offload=True),
         "adamw",
     ),
+    "mlp-3ipu-ga6-sgd-momentum0": (Mlp, mlp_batch, 6, dict(), "sgd-momentum0"),
+    "mlp-2ipu-ga8-sgd-checkpoints": (lambda: Marked("poptorch"), mlp_batch, 8, dict(), "sgd"),
 }
 
 
 def _optimizer(kind: str, params: Any) -> torch.optim.Optimizer:
     if kind == "sgd":
         return poptorch.optim.SGD(params, lr=0.01, momentum=0.9)
+    if kind == "sgd-momentum0":
+        return torch.optim.SGD(params, lr=0.01)
     if kind == "lamb":
         return poptorch.optim.LAMB(params, lr=1e-3)
     if kind == "adamw":
@@ -178,6 +182,38 @@ def test_rts_divides_optimizer_state_by_the_replicas() -> None:
         assert totals[rts] == expected
 
 
+def test_report_is_per_replica_and_says_so() -> None:
+    texts = {}
+    for replicas, rts in ((1, False), (2, False), (2, True)):
+        net = Mlp(2)
+        model = poptorch.trainingModel(
+            net, _options(4, replicas, rts=rts), poptorch.optim.Adam(net.parameters())
+        )
+        model.compile(*mlp_batch(16 * replicas))
+        report = memory_report(model)
+        assert report.replicas == replicas and [m.ipu for m in report.ipus] == [0, 1]
+        texts[replicas, rts] = str(report)
+        model.destroy()
+    assert "replica" not in texts[1, False].split("\n", 1)[1]
+    assert "per replica: 2 replicas each hold this on their own IPUs" in texts[2, False]
+    assert "(4 IPUs in all)" in texts[2, False] and "RTS:" not in texts[2, False]
+    assert "(RTS: each holds 1/2 of the optimizer state)" in texts[2, True]
+
+
+@pytest.mark.parametrize(("ga", "replicas"), [(1, 2), (4, 1), (4, 2)])
+def test_gradient_accumulators_come_with_accumulation_only(ga: int, replicas: int) -> None:
+    # PopART adds an accumulator per weight with gradient accumulation; replicas alone
+    # all-reduce each gradient as it is produced.
+    net = _WithLoss()
+    opts = poptorch.Options().replicationFactor(replicas)
+    opts.Training.gradientAccumulation(ga)
+    model = poptorch.trainingModel(net, opts, poptorch.optim.Adam(net.parameters()))
+    model.compile(*mlp_batch(4 * ga * replicas))
+    ipu = memory_report(model).ipus[0]
+    assert ipu.gradients == (ipu.weights if ga > 1 else 0)
+    model.destroy()
+
+
 def test_recomputation_keeps_only_stage_inputs_and_trains_like_eager() -> None:
     torch.manual_seed(1)
     net = Mlp(3)
@@ -206,8 +242,144 @@ def test_recomputation_keeps_only_stage_inputs_and_trains_like_eager() -> None:
     assert first[1].activations < first[0].activations  # 4 micro-batches in flight on IPU 0
 
 
+class Marked(nn.Module):
+    """Two IPUs; IPU 0 marks one value (by ``route``) between three layers and a dropout."""
+
+    def __init__(self, route: str | None, p: float = 0.25) -> None:
+        super().__init__()
+        self.a1 = poptorch.BeginBlock(nn.Linear(16, 64), "a", ipu_id=0)
+        self.a2 = nn.Linear(64, 64)
+        self.a3 = nn.Linear(64, 64)
+        self.drop = nn.Dropout(p)
+        self.b = poptorch.BeginBlock(nn.Linear(64, 5), "b", ipu_id=1)
+        self.route = route
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+        h = torch.tanh(self.a1(x))
+        if self.route == "poptorch":
+            h = poptorch.recomputationCheckpoint(h)
+        elif self.route == "torch.ops":
+            h = torch.ops.poptorch.recomputation_checkpoint(h)
+        h = self.drop(torch.tanh(self.a2(h)))
+        out = self.b(torch.relu(self.a3(h)))
+        return out, nn.functional.cross_entropy(out, y)
+
+
+def _marked_run(
+    route: str | None, recompute: int | None, state: dict, p: float = 0.25, capture: str = "fx"
+) -> tuple[Any, ...]:
+    net = Marked(route, p)
+    net.load_state_dict(state)
+    opts = poptorch.Options()
+    opts.Jit.captureMethod(capture)
+    opts.Training.gradientAccumulation(8)
+    opts.randomSeed(3)
+    if recompute is not None:
+        opts._Popart.set("autoRecomputation", recompute)
+    model = poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1))
+    torch.manual_seed(11)
+    x, y = mlp_batch(64)
+    measured = _compare(model, x, y)
+    out, _ = model(x, y)
+    report = memory_report(model)
+    model.destroy()
+    return report, measured, net.state_dict(), out
+
+
+@pytest.mark.parametrize("route", ["poptorch", "torch.ops"])
+@pytest.mark.parametrize("recompute", [3, None], ids=["Pipeline", "not set"])
+def test_recomputation_checkpoints_are_stashed_and_train_like_eager(
+    route: str, recompute: int | None
+) -> None:
+    # PopTorch turns on RecomputationType.Pipeline for pipelined training over several IPUs;
+    # the simulator does so when a stage marks values (see poptorch_sim/memory/settings.py).
+    state = Marked(None).state_dict()
+    report, measured, weights, _ = _marked_run(route, recompute, state)
+    plain, _, plain_weights, _ = _marked_run(None, 0, state)
+    inputs_only, *_ = _marked_run(None, 3, state)
+    assert report.settings["recomputation"] and not plain.settings["recomputation"]
+    # Per micro-batch, IPU 0 keeps its input (8 x 16 floats) and the marked value (8 x 64).
+    assert inputs_only.ipus[0].activations_per_micro_batch == {0: 8 * 16 * 4}
+    assert report.ipus[0].activations_per_micro_batch == {0: 8 * 16 * 4 + 8 * 64 * 4}
+    assert measured[0].activations_per_micro_batch == {0: 8 * 16 * 4 + 8 * 64 * 4}
+    assert inputs_only.ipus[0].activations < report.ipus[0].activations < plain.ipus[0].activations
+    # Dropout draws the same masks when recomputed: the same weights as without recomputation.
+    for name, value in plain_weights.items():
+        torch.testing.assert_close(weights[name], value)
+    assert all(not torch.equal(v, state[name]) for name, v in weights.items())
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_recomputation_checkpoints_match_eager(capture: str) -> None:
+    # Both captures keep the mark as a node of the stage (torch.fx: the op, torch.export: its
+    # overload).
+    state = Marked(None, 0.0).state_dict()
+    report, _, weights, out = _marked_run("poptorch", None, state, p=0.0, capture=capture)
+    assert report.ipus[0].activations_per_micro_batch == {0: 8 * 16 * 4 + 8 * 64 * 4}
+    eager = Marked("poptorch", 0.0)
+    eager.load_state_dict(state)
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    torch.manual_seed(11)
+    x, y = mlp_batch(64)
+    for xb, yb in zip(x.chunk(8), y.chunk(8)):
+        (eager(xb, yb)[1] / 8).backward()
+    opt.step()  # the measured call's step; the second call steps again
+    expected_out = eager(x.chunk(8)[-1], y.chunk(8)[-1])[0]
+    opt.zero_grad()
+    for xb, yb in zip(x.chunk(8), y.chunk(8)):
+        (eager(xb, yb)[1] / 8).backward()
+    opt.step()
+    torch.testing.assert_close(out, expected_out)
+    for name, value in eager.state_dict().items():
+        torch.testing.assert_close(weights[name], value)
+
+
+@pytest.mark.parametrize(
+    ("momentum", "ga", "combined", "velocity"),
+    [
+        (0.0, 4, False, True),  # SGD2: a velocity even at momentum 0 with accumulation
+        (0.9, 4, False, True),
+        (0.0, 1, False, False),  # plain SGD (SGD0): no velocity, no accumulator
+        (0.9, 4, True, False),  # SGD1: one combined tensor, no optimizer state
+    ],
+    ids=["sgd2-momentum0", "sgd2", "sgd0", "sgd1-combined"],
+)
+def test_sgd_variants_hold_what_poptorch_holds(
+    momentum: float, ga: int, combined: bool, velocity: bool
+) -> None:
+    net = Mlp(2)
+    opts = _options(ga, sharded=ga == 1)
+    sgd: torch.optim.Optimizer
+    if momentum:
+        sgd = poptorch.optim.SGD(net.parameters(), lr=0.01, momentum=momentum,
+                                 use_combined_accum=combined)  # fmt: skip
+    else:
+        sgd = torch.optim.SGD(net.parameters(), lr=0.01)  # a constant momentum of 0
+    model = poptorch.trainingModel(net, opts, sgd)
+    _compare(model, *mlp_batch(4 * ga))
+    report = memory_report(model)
+    for est in report.ipus:
+        assert (est.optimizer_state == est.weights) == velocity, est
+        assert (est.optimizer_detail == {"velocity (float32)": est.weights}) == velocity
+        assert est.gradients == (est.weights if ga > 1 or combined else 0)
+    model.destroy()
+
+
 # -- BERT and GPT-2 -----------------------------------------------------------------------------
-transformers_cases = ["bert-4ipu-ga8", "bert-4ipu-ga16-recompute", "gpt2-4ipu-ga10-offload"]
+transformers_cases = [
+    "bert-4ipu-ga8",
+    "bert-4ipu-ga16-recompute",
+    "bert-4ipu-ga8-checkpoints",
+    "gpt2-4ipu-ga10-offload",
+]
+
+
+def _mark_outputs(module: nn.Module, inputs: Any, outputs: Any) -> Any:
+    """A forward hook marking a layer's outputs, as Graphcore's BERT and GPT-2 pipelines do."""
+    if isinstance(outputs, tuple):
+        return tuple(poptorch.recomputationCheckpoint(o) if isinstance(o, torch.Tensor) else o
+                     for o in outputs)  # fmt: skip
+    return poptorch.recomputationCheckpoint(outputs)
 
 
 def _transformer(case: str) -> tuple[nn.Module, dict[str, torch.Tensor], poptorch.Options]:
@@ -217,6 +389,9 @@ def _transformer(case: str) -> tuple[nn.Module, dict[str, torch.Tensor], poptorc
     ga = int(case.split("-ga")[1].split("-")[0])
     if case.startswith("bert"):
         model = bert_classifier()
+        if "checkpoints" in case:
+            for layer in model.bert.encoder.layer:
+                layer.register_forward_hook(_mark_outputs)
         batch = {**text_batch(2 * ga), "labels": torch.randint(0, 3, (2 * ga,))}
         opts = _options(ga, recompute="recompute" in case)
     else:
@@ -460,7 +635,7 @@ def test_fake_and_real_runs_count_the_same_bytes(fake: bool) -> None:
     inputs = dict(zip(model._executable.program.program.input_names, cnn_batch(4)))
     counts = activations._run_stages(stages, inputs, True, fake=fake)
     expected = [m.activations_per_micro_batch for m in memory_report(model).ipus]
-    assert [{i: saved} for i, (saved, _) in enumerate(counts)] == expected
+    assert [{i: saved} for i, (saved, *_) in enumerate(counts)] == expected
     model.destroy()
 
 

@@ -218,6 +218,7 @@ def test_memory_tutorial_plans_bert_base_and_gpt2_and_measures_a_tiny_bert(tmp_p
     assert len(list((tmp_path / "plots").glob("*.png"))) == 8
     rows = [line.split() for line in out.splitlines() if "/" in line and line.split()[0].isdigit()]
     assert len(rows) == 3
+    assert "with recomputationCheckpoint on every layer" in out
     for row in rows:  # IPU, weights est / measured, optimizer state est / measured, activations
         weights, state, acts = (row[1], row[3]), (row[4], row[6]), (int(row[7]), int(row[9]))
         assert weights[0] == weights[1] and state[0] == state[1]

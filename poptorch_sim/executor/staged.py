@@ -64,7 +64,9 @@ class StagedRunner:
                 model, options, first.args, first.kwargs, training
             )
         # See [Note: pipeline recomputation] in runtime/stage.py.
-        self.program.meta["recompute"] = recomputes(options, self.program.meta["mode"], training)
+        self.program.meta["recompute"] = recomputes(
+            options, self.program.meta["mode"], training, self.program.stages
+        )
         logger.info("poptorch_sim: %s", describe(self.program))
         self.training = training
         self.out_spec: pytree.TreeSpec = self.program.meta["out_spec"]

@@ -17,9 +17,10 @@ profile folder (``enableProfiling`` / ``autoReport.directory``) the report is wr
 ``memory_<training|inference>_<n>.txt|.json|.png``.
 
 Simulated: the estimate is of the IPU's memory; the simulator itself keeps what its host needs
-(one copy of the state for all replicas, no SGD velocity at momentum 0), runs models over the
-limit by default, and treats ``recomputationCheckpoint`` as an identity (see
-tests/test_footguns.py).
+(one copy of the state for all replicas, SGD velocities in float32 whatever
+``velocity_accum_type`` says), runs models over the limit by default, and recomputes a pipelined
+stage only when asked to or when it marks values with ``recomputationCheckpoint`` (PopTorch
+recomputes by default; see tests/test_footguns.py).
 
 >>> # model = poptorch.trainingModel(net, opts, optimizer); model.compile(x, y)
 >>> # print(poptorch_sim.memory_report(model))
@@ -149,7 +150,10 @@ def _measured(
                 seen[storage_key(t)] = t.untyped_storage().nbytes()
                 params.append(t)
     on = off = 0
-    if trainer is not None:
+    # SGD with use_combined_accum: the velocity is PopART's combined accumulator, counted with
+    # the gradients, not the optimizer state (see [Note: what each IPU holds]).
+    snap = trainer.snapshot if trainer is not None else None
+    if snap is not None and not (snap.kind == "sgd" and snap.use_combined_accum):
         optimizer = trainer.optimizer
         off_chip = bool(getattr(optimizer, "off_chip", False))
         replicas = report.settings["replicas"] if report.settings["RTS"] else 1

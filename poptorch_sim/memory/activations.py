@@ -8,7 +8,9 @@ Parameters and buffers are swapped for fake stand-ins with ``torch.func.function
 the model is never modified. Small stages (``REAL_RUN_WORK``), and stages that cannot run on
 fake tensors (data-dependent Python such as ``.item()``), run once on the first real
 micro-batch instead, with their buffers and the RNG restored afterwards: both ways count the
-same bytes. The counting rule is [Note: counting saved bytes] in ``saved.py``.
+same bytes. The counting rule is [Note: counting saved bytes] in ``saved.py``. The same run
+collects the values the stage marks with ``recomputationCheckpoint`` (what a recomputing stage
+keeps beside its inputs, see [Note: recomputation checkpoints] in ``runtime/checkpoints.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch.utils import _pytree as pytree
 from ..ipu_context import running_on_ipu
 from ..logger import logger
 from ..program import StageSpec
+from ..runtime.checkpoints import Checkpoints
 from .saved import SavedBytes, storage_key
 
 __all__ = [
@@ -52,6 +55,11 @@ class StageActivations:
         saved: bytes autograd saves for backward (without recomputation).
         inputs: bytes of the stage's tensor inputs (what pipeline recomputation keeps instead).
         method: ``"fake"`` or ``"real"`` (ran on the first micro-batch), or ``"failed: ..."``.
+        checkpoints: bytes of the values marked with ``recomputationCheckpoint`` that are not
+            inputs (recomputation keeps them too).
+        recomputed: bytes saved for backward by the recomputation in backward, where it
+            differs from ``saved`` (marked values: ops after a mark save the stashed copy);
+            None: the same as ``saved``.
     """
 
     stage: int
@@ -59,6 +67,18 @@ class StageActivations:
     saved: int
     inputs: int
     method: str
+    checkpoints: int = 0
+    recomputed: int | None = None
+
+    @property
+    def recompute_saved(self) -> int:
+        """Bytes one micro-batch's recomputation saves for backward."""
+        return self.saved if self.recomputed is None else self.recomputed
+
+    @property
+    def kept(self) -> int:
+        """Bytes a recomputing stage keeps per micro-batch: its inputs and checkpoints."""
+        return self.inputs + self.checkpoints
 
 
 def _differentiable(t: torch.Tensor) -> bool:
@@ -92,12 +112,18 @@ class _Shadows:
 
 
 def _count(
-    call: Callable[[], Any], weights: Sequence[torch.Tensor], training: bool
-) -> tuple[Any, int]:
+    call: Callable[[], Any],
+    weights: Sequence[torch.Tensor],
+    training: bool,
+    stashed: list[torch.Tensor] | None = None,
+) -> tuple[Any, int, list[torch.Tensor]]:
+    """Run ``call``: its result, the bytes autograd saved, the values it marked (``stashed``:
+    run as the recomputation that substitutes them)."""
     counter = SavedBytes(storage_key(w) for w in weights)
-    with running_on_ipu(), torch.set_grad_enabled(training), counter.saving():
+    marks = Checkpoints(stashed)
+    with running_on_ipu(), torch.set_grad_enabled(training), counter.saving(), marks:
         result = call()
-    return result, counter.total()
+    return result, counter.total(), marks.kept
 
 
 def _input_bytes(values: Sequence[Any]) -> int:
@@ -105,6 +131,11 @@ def _input_bytes(values: Sequence[Any]) -> int:
     for v in values:
         counter.add(v)
     return counter.total()
+
+
+def _checkpoint_bytes(args: Sequence[Any], marked: Sequence[torch.Tensor]) -> int:
+    """Bytes of the marked values beyond the inputs (the runtime stashes copies of them)."""
+    return _input_bytes([*args, *marked]) - _input_bytes(args)
 
 
 def _stage_args(
@@ -126,7 +157,7 @@ def _run_stages(
     inputs: dict[str, Any],
     training: bool,
     fake: bool,
-) -> list[tuple[int, int]]:
+) -> list[tuple[int, int, int, int | None]]:
     shadows = _Shadows() if fake else None
     values = {k: shadows.value(v) if shadows else v for k, v in inputs.items()}
     out = []
@@ -143,9 +174,10 @@ def _run_stages(
                     return functional_call(spec.module, state, tuple(args), strict=False)
             return spec.module(*args)
 
-        result, saved = _count(call, weights, training)
+        result, saved, marked = _count(call, weights, training)
+        recomputed = _count(call, weights, training, marked)[1] if marked and training else None
         values.update(zip(spec.outputs, result))
-        out.append((saved, _input_bytes(args)))
+        out.append((saved, _input_bytes(args), _checkpoint_bytes(args, marked), recomputed))
     return out
 
 
@@ -188,7 +220,7 @@ def stage_activations(
         v.numel() for v in inputs.values() if isinstance(v, torch.Tensor)
     )
     order = ("real", "fake") if work <= REAL_RUN_WORK else ("fake", "real")
-    counts: list[tuple[int, int]] = [(0, 0)] * len(stages)
+    counts: list[tuple[int, int, int, int | None]] = [(0, 0, 0, None)] * len(stages)
     method = "failed"
     for attempt in order:
         try:
@@ -204,8 +236,8 @@ def stage_activations(
             logger.debug("memory estimate: the %s run failed (%s)", attempt, exc)
             method = f"failed: {type(exc).__name__}: {exc}"
     return [
-        StageActivations(spec.index, spec.ipu, saved, ins, method)
-        for spec, (saved, ins) in zip(stages, counts)
+        StageActivations(spec.index, spec.ipu, saved, ins, method, marked, recomputed)
+        for spec, (saved, ins, marked, recomputed) in zip(stages, counts)
     ]
 
 

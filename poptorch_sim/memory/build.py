@@ -95,7 +95,8 @@ def report_at_compile(
     start = time.perf_counter()
     staged = getattr(program, "program", None)
     mode = staged.meta.get("mode", "pipelined") if staged is not None else "single IPU"
-    settings = memory_settings(options, training, mode)
+    recompute = staged.meta.get("recompute") if staged is not None else None
+    settings = memory_settings(options, training, mode, recompute)
     if staged is not None:
         stages = [(s.index, s.ipu, s.module) for s in staged.stages]
         acts = (
@@ -144,7 +145,7 @@ def build_report(
     for ipu in sorted(set(ipus)):
         mine = [(s, module) for s, i, module in stages if i == ipu]
         own = {s for s, _ in mine}
-        per_mb = {a.stage: (a.inputs if settings.recompute else a.saved) for a in acts
+        per_mb = {a.stage: (a.kept if settings.recompute else a.saved) for a in acts
                   if a.stage in own}  # fmt: skip
         flight = {s: n for s, n in in_flight.items() if s in own}
         per_ipu.append(

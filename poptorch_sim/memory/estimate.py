@@ -7,21 +7,29 @@ For one replica, IPU ``i`` holds, in bytes:
 weights            every parameter and buffer of the stages on ``i`` (a tensor shared by two
                    of its stages once)
 gradients          an accumulator per trainable parameter, in the optimizer's ``accum_type``,
-                   when gradient accumulation > 1 or replicas > 1; otherwise each gradient is
-                   consumed by the update as it is produced and none is kept
+                   when gradient accumulation > 1; otherwise each gradient is consumed by the
+                   update as it is produced (replicas reduce it in place) and none is kept,
+                   as PopART's SGD2 and Adam decompositions do. SGD with
+                   ``use_combined_accum=True`` (PopART's SGD1) keeps instead one combined
+                   accumulator-and-velocity tensor per weight, in the weight's dtype, and no
+                   optimizer state (PopTorch: ``setOptimizerLocation`` has no effect on it)
 optimizer_state    per trainable parameter, the optimizer's state tensors in their dtypes
-                   (SGD: the velocity, kept unless momentum is a constant 0 without gradient
-                   accumulation, as PopART does; Adam/AdamW/LAMB: first and second moments and
-                   a float32 step; RMSprop: mean square, momentum / mean gradient when used,
-                   step). Off chip (``useOnChipStorage(False)``): 0 on chip. RTS: each tensor
+                   (SGD: the velocity in ``velocity_accum_type``, kept unless PopART runs plain
+                   SGD, momentum a constant 0 without gradient accumulation: with separate
+                   tensors (SGD2) even momentum 0 with accumulation keeps one, and so does the
+                   simulator, see ``idle_velocities`` in ``optim/device/ipu_state.py``;
+                   Adam/AdamW/LAMB: first and second moments and a float32 step; RMSprop:
+                   mean square, momentum / mean gradient when used, step). Off chip (``useOnChipStorage(False)``): 0 on chip. RTS: each tensor
                    padded to a multiple of R and divided by R
 activations        the peak, over the IPU's own action list in the schedule actually used, of
                    the bytes saved for backward by the micro-batches in flight: a forward adds
                    its stage's bytes per micro-batch, a backward releases them. With pipeline
-                   recomputation a forward keeps only the stage's inputs, and a backward
-                   briefly holds one micro-batch's full activations again (values marked with
-                   ``recomputationCheckpoint`` are not seen: the mark is an identity in the
-                   captured graph, so they are recomputed like the rest)
+                   recomputation a forward keeps only the stage's inputs and the values marked
+                   with ``recomputationCheckpoint``, and a backward briefly holds one
+                   micro-batch's full activations again. Simulated: the simulator recomputes
+                   a stage's segments between marks all at once before differentiating them,
+                   and the estimate counts that; an IPU recomputes them one at a time, so with
+                   marks its transient is one segment's
 allowance          10% of the limit, reserved for what the model cannot know: the program's
                    code, exchange buffers and temporaries (Poplar's "always-live" and
                    "not-always-live" memory). It is not measured, only stated
@@ -62,6 +70,14 @@ def _group_of(snapshot: Any, index: int) -> dict[str, Any]:
     return dict(snapshot.defaults.values)
 
 
+def plain_sgd(snapshot: Any, index: int, gradient_accumulation: int) -> bool:
+    """Whether PopART runs parameter ``index`` with plain SGD (SGD0): momentum a constant 0
+    and no gradient accumulation, which keeps no velocity and no accumulator."""
+    group = _group_of(snapshot, index)
+    constant = any(index in g.params and "momentum" in g.constant for g in snapshot.groups)
+    return float(group.get("momentum", 0.0)) == 0.0 and constant and gradient_accumulation == 1
+
+
 def optimizer_state_shapes(
     snapshot: Any, index: int, numel: int, gradient_accumulation: int
 ) -> list[tuple[str, torch.dtype, int]]:
@@ -74,11 +90,9 @@ def optimizer_state_shapes(
     second = snapshot.second_order_momentum_accum_type
     kind = snapshot.kind
     if kind == "sgd":
-        momentum = float(group.get("momentum", 0.0))
-        constant = any(index in g.params and "momentum" in g.constant for g in snapshot.groups)
-        if momentum == 0.0 and constant and gradient_accumulation == 1:
-            return []
-        return [("velocity", first, numel)]
+        if snapshot.use_combined_accum or plain_sgd(snapshot, index, gradient_accumulation):
+            return []  # See [Note: what each IPU holds]: SGD1's combined tensor is a gradient
+        return [("velocity", snapshot.velocity_accum_type, numel)]
     if kind in ("adam", "adamw", "lamb"):
         return [("first moment", first, numel), ("second moment", second, numel),
                 ("step", _FLOAT32, 1)]  # fmt: skip
@@ -119,7 +133,7 @@ def activation_peaks(
             act = by_stage.get(action.stage)
             if act is None:
                 continue
-            kept = act.inputs if recompute else act.saved
+            kept = act.kept if recompute else act.saved
             if action.kind is ActionKind.F:
                 live += kept
                 held[action.stage] = held.get(action.stage, 0) + 1
@@ -127,7 +141,7 @@ def activation_peaks(
                 peak = max(peak, live)
             elif action.kind is ActionKind.B:
                 if recompute:
-                    peak = max(peak, live + act.saved)
+                    peak = max(peak, live + act.recompute_saved)
                 live -= kept
                 held[action.stage] -= 1
         peaks[ipu] = peak
@@ -156,7 +170,7 @@ def ipu_memory(
     weights = gradients = on_chip = off_chip = 0
     detail: dict[str, int] = {}
     accum = optimizer[0].accum_type if optimizer is not None else _FLOAT32
-    accumulate = settings.gradient_accumulation > 1 or settings.replicas > 1
+    accumulate = settings.gradient_accumulation > 1
     for _, module in modules:
         for t in [*module.parameters(), *module.buffers()]:
             key = storage_key(t) if t.device.type != "meta" else id(t)
@@ -166,9 +180,17 @@ def ipu_memory(
             weights += tensor_bytes(t)
             if not (settings.training and isinstance(t, nn.Parameter) and t.requires_grad):
                 continue
-            if accumulate:
-                gradients += t.numel() * torch.empty((), dtype=accum).element_size()
             index = None if optimizer is None else optimizer[1].get(id(t))
+            combined = (
+                optimizer is not None
+                and optimizer[0].kind == "sgd"
+                and (optimizer[0].use_combined_accum)
+            )
+            if combined and index is not None:
+                if not plain_sgd(optimizer[0], index, settings.gradient_accumulation):
+                    gradients += tensor_bytes(t)
+            elif accumulate:
+                gradients += t.numel() * torch.empty((), dtype=accum).element_size()
             if index is None:
                 continue
             for name, dtype, numel in optimizer_state_shapes(

@@ -258,7 +258,7 @@ def _memory(
     }
     out = []
     for k, s in enumerate(stages):
-        accumulate = settings.gradient_accumulation > 1 or settings.replicas > 1
+        accumulate = settings.gradient_accumulation > 1
         steps = 4 * s.tensors if kind in ("adam", "adamw", "lamb", "rmsprop") else 0
         state = s.trainable * _STATE_BYTES.get(kind, 8) + steps
         if settings.rts:

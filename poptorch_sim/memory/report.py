@@ -73,7 +73,9 @@ class MemoryReport:
     """Estimated memory of each IPU of a compiled model (see ``poptorch_sim.memory_report``).
 
     Attributes:
-        ipus: one ``IpuMemory`` per IPU of one replica, by IPU.
+        ipus: one ``IpuMemory`` per IPU of one replica, by IPU (as PopVision's Graph Analyser
+            shows a replicated program: every replica holds the same on its own IPUs, with
+            ``useReplicatedTensorSharding`` each its shard of the optimizer state).
         schedule: the schedule whose micro-batches in flight the activations count.
         micro_batches: micro-batches per optimizer step on one replica (gradient accumulation).
         settings: the options that shaped the estimate (replicas, offload, RTS, recomputation).
@@ -117,6 +119,7 @@ class MemoryReport:
         lines = [
             f"Memory per IPU (estimate; schedule {self.schedule}, {self.micro_batches} "
             f"micro-batch(es) per step; {_settings(self.settings)})",
+            *self._replica_line(),
             "  ".join(h.ljust(w) for h, w in zip(head, widths)),
         ]
         lines += [
@@ -131,7 +134,7 @@ class MemoryReport:
         ]
         if any(m.activations for m in self.ipus):
             kept = (
-                "inputs kept, plus one micro-batch recomputed in backward,"
+                "inputs and checkpoints kept, plus one micro-batch recomputed in backward,"
                 if self.settings.get("recomputation")
                 else "saved for backward"
             )
@@ -149,6 +152,22 @@ class MemoryReport:
             lines.append(f"optimizer state off chip (streaming memory): {format_bytes(off)}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    @property
+    def replicas(self) -> int:
+        """The replication factor: ``ipus`` are one replica's, each replica holds the same."""
+        return int(self.settings.get("replicas", 1))
+
+    def _replica_line(self) -> list[str]:
+        if self.replicas <= 1:
+            return []
+        n = len(self.ipus)
+        rts = f" (RTS: each holds 1/{self.replicas} of the optimizer state)"
+        return [
+            f"per replica: {self.replicas} replicas each hold this on their own IPUs, replica r "
+            f"on IPUs r x {n} + ipu ({self.replicas * n} IPUs in all)"
+            + (rts if self.settings.get("RTS") else "")
+        ]
 
     def plot(self, path: str) -> str:
         """Draw stacked bars per IPU against its limit into ``path`` (PNG, SVG, PDF).

@@ -4,22 +4,33 @@
 option                                     effect on the estimate
 =========================================  ==================================================
 ``Training.gradientAccumulation`` (GA)     micro-batches per step; GA > 1 needs gradient
-                                           accumulators (also replicas > 1)
+                                           accumulators (replicas alone reduce each gradient
+                                           in place, as PopART does)
 ``replicationFactor`` (R)                  RTS divides optimizer state by R
 ``TensorLocations.setOptimizerLocation``   ``useOnChipStorage(False)``: state in streaming
                                            memory (0 on chip); ``useReplicatedTensorSharding``
                                            shards it; ``minElementsFor*`` keep small tensors
                                            on chip / whole
 ``_Popart.set("autoRecomputation", 3|4)``  RecomputationType.Pipeline (pipelined training) or
-                                           RecomputeAll: a stage keeps only its inputs per
+                                           RecomputeAll: a stage keeps only its inputs (and
+                                           the values marked ``recomputationCheckpoint``) per
                                            micro-batch and recomputes the rest in backward
 =========================================  ==================================================
+
+Not set, PopTorch turns on RecomputationType.Pipeline for pipelined training over more than one
+IPU. Simulated: the simulator does so only when a stage marks values with
+``recomputationCheckpoint``; otherwise its stages keep every activation until their backward
+(no second forward), and the estimate counts what the simulator keeps (see
+tests/test_footguns.py). Set ``autoRecomputation`` to 3 for PopTorch's memory, to 0 for none.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ..runtime.checkpoints import has_checkpoints
 
 __all__ = ["MemorySettings", "memory_settings", "recomputes"]
 
@@ -40,13 +51,18 @@ class MemorySettings:
     recompute: bool
 
 
-def recomputes(options: Any, mode: str, training: bool) -> bool:
+def recomputes(options: Any, mode: str, training: bool, stages: Sequence[Any] = ()) -> bool:
     """Whether stages recompute their forward in backward (PopART's automatic recomputation).
 
     ``RecomputationType.Pipeline`` applies to pipelined training, ``RecomputeAll`` to any
-    training with stages.
+    training with stages. Not set: Pipeline for pipelined training over several IPUs whose
+    ``stages`` (``StageSpec``) mark values with ``recomputationCheckpoint`` (see the module
+    docstring).
     """
-    value = options._Popart.options.get("autoRecomputation", 0)
+    value = options._Popart.options.get("autoRecomputation")
+    if value is None:
+        pipelined = training and mode == "pipelined" and len({s.ipu for s in stages}) > 1
+        return pipelined and any(has_checkpoints(s.module, unknown=False) for s in stages)
     try:
         value = int(value)
     except (TypeError, ValueError):
@@ -54,8 +70,13 @@ def recomputes(options: Any, mode: str, training: bool) -> bool:
     return training and (value == _RECOMPUTE_ALL or (value == _PIPELINE and mode == "pipelined"))
 
 
-def memory_settings(options: Any, training: bool, mode: str = "pipelined") -> MemorySettings:
-    """Read the memory-related options of ``options`` (a ``poptorch.Options``)."""
+def memory_settings(
+    options: Any, training: bool, mode: str = "pipelined", recompute: bool | None = None
+) -> MemorySettings:
+    """Read the memory-related options of ``options`` (a ``poptorch.Options``).
+
+    ``recompute``: what the compiled program decided (default: read from the options).
+    """
     locations = options._tensor_locations
     where: dict[str, Any] = (
         dict(locations.location_optimizer) if locations.exists("location_optimizer") else {}
@@ -68,5 +89,5 @@ def memory_settings(options: Any, training: bool, mode: str = "pipelined") -> Me
         rts=bool(where.get("useReplicatedTensorSharding", 0)) and options.replication_factor > 1,
         min_elements_off_chip=int(where.get("minElementsForOffChip", 0)),
         min_elements_rts=int(where.get("minElementsForReplicatedTensorSharding", 0)),
-        recompute=recomputes(options, mode, training),
+        recompute=recomputes(options, mode, training) if recompute is None else recompute,
     )

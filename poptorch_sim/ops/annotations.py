@@ -89,6 +89,11 @@ def set_available_memory(tensor: torch.Tensor, available_memory_proportion: floa
 def recomputationCheckpoint(*tensors: Any) -> Any:
     """Keep these values in memory between forward and backward instead of recomputing them.
 
+    With recomputation on (``_Popart.set("autoRecomputation", 3)``; not set, a pipelined
+    training model over several IPUs with marks turns it on, as PopTorch's default does), a
+    stage stashes its inputs and these values per micro-batch and recomputes the rest in
+    backward; without recomputation the op is an identity.
+
     Args:
         tensors: one or more tensors, or a single list/tuple of tensors.
 
@@ -107,9 +112,12 @@ def recomputationCheckpoint(*tensors: Any) -> Any:
     for t in tensors:
         if not (isinstance(t, torch.Tensor) or is_proxy(t)):
             raise ValueError("All inputs must be tensors")
-    if len(tensors) == 1:
-        return tensors[0]
-    return tuple(tensors)
+    # The op, as PopTorch calls it: the capture keeps it as a node of the stage, which
+    # recomputation reads (see [Note: recomputation checkpoints] in runtime/checkpoints.py).
+    marked = tuple(torch.ops.poptorch.recomputation_checkpoint(t) for t in tensors)
+    if len(marked) == 1:
+        return marked[0]
+    return marked
 
 
 _SERIALIZED_DIM = {

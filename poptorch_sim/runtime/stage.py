@@ -25,6 +25,7 @@ from torch.nn.modules import module as module_hooks
 
 from ..errors import Error
 from ..program import StageSpec
+from .checkpoints import Checkpoints, has_checkpoints
 
 __all__ = ["StageExecutor", "prepare_backward"]
 
@@ -47,6 +48,7 @@ class _Saved:
     outputs: dict[str, torch.Tensor]
     args: list[Any] | None = None  # kept for recomputation (see [Note: pipeline recomputation])
     rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    checkpoints: list[torch.Tensor] | None = None  # See [Note: recomputation checkpoints]
 
 
 def _differentiable(value: torch.Tensor) -> bool:
@@ -98,6 +100,7 @@ class StageExecutor:
         self.spec = spec
         self.recompute = recompute and training
         self._rng_lock = _RNG_LOCK if self.recompute and _has_random_ops(spec.module) else None
+        self._marks = self.recompute and has_checkpoints(spec.module)
         self.training = training
         self.loss_name = loss_name if loss_name in spec.outputs else None
         self.from_stages = from_stages
@@ -122,13 +125,15 @@ class StageExecutor:
             args.append(value)
         probe, index = self.probe, self.spec.index
         if self.recompute:
-            with self._rng_lock or nullcontext(), torch.no_grad():
+            marks = Checkpoints() if self._marks else None
+            with self._rng_lock or nullcontext(), torch.no_grad(), marks or nullcontext():
                 rng = _rng_state(args)
                 result = _call(self.spec.module, args)
+            kept = marks.kept if marks is not None else None
             if probe is not None:
-                probe.keep(index, mb, args)
+                probe.keep(index, mb, [*args, *(kept or ())])
             outputs = self._name_outputs(result)
-            self._saved[mb] = _Saved(leaves, outputs, args, rng)
+            self._saved[mb] = _Saved(leaves, outputs, args, rng, kept)
             return outputs
         counting = probe.forward(index, mb) if probe is not None and self.training else None
         with torch.set_grad_enabled(self.training), counting or nullcontext():
@@ -151,14 +156,20 @@ class StageExecutor:
         devices = [device] if saved.rng[1] is not None else []
         probe = self.probe
         counting = probe.recompute(self.spec.index, mb) if probe is not None else None
+        marks = Checkpoints(saved.checkpoints) if saved.checkpoints is not None else None
+        # Only a stage that draws replays the RNG: another stage's replay, unlocked, would move
+        # the process-wide RNG under the forward of a stage that draws.
+        replay = self._rng_lock is not None
         with (
             self._rng_lock or nullcontext(),
-            torch.random.fork_rng(devices=devices),
+            torch.random.fork_rng(devices=devices) if replay else nullcontext(),
             counting or nullcontext(),
+            marks or nullcontext(),
         ):
-            torch.set_rng_state(saved.rng[0])
-            if saved.rng[1] is not None:
-                torch.cuda.set_rng_state(saved.rng[1], devices[0])
+            if replay:
+                torch.set_rng_state(saved.rng[0])
+                if saved.rng[1] is not None:
+                    torch.cuda.set_rng_state(saved.rng[1], devices[0])
             with torch.enable_grad():
                 result = _call(self.spec.module, saved.args)
         with torch.no_grad():
@@ -244,10 +255,13 @@ def _rng_state(args: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
 # With PopART's automatic recomputation (``_Popart.set("autoRecomputation", 3)``,
 # RecomputationType.Pipeline, in pipelined training; or 4, RecomputeAll) a stage does not keep
 # its activations for every micro-batch in flight: forward runs without recording, keeping only
-# the stage's inputs, and backward runs the forward again with autograd before differentiating
-# it. That trades one more forward per micro-batch for memory (see poptorch_sim.memory). The
+# the stage's inputs (and the values marked with ``recomputationCheckpoint``, see [Note:
+# recomputation checkpoints] in checkpoints.py), and backward runs the forward again with
+# autograd before differentiating it. That trades one more forward per micro-batch for memory (see poptorch_sim.memory). The
 # recomputed forward replays the RNG state of the original (dropout draws the same masks) and
 # leaves buffers as the original forward left them (running statistics are updated once).
 # The RNG is the process-wide one: so that no other stage draws between the saved state and a
 # stage's own draws, the forward and the recomputation of stages with random ops hold one
-# process-wide lock (they do not overlap each other; stages without random ops are not held).
+# process-wide lock (they do not overlap each other; stages without random ops are not held,
+# and their recomputation leaves the RNG alone: restoring it on their own thread would undo
+# the draws another stage made meanwhile).

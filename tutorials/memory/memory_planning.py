@@ -20,7 +20,8 @@ and with pipeline recomputation (``autoRecomputation``), and prints what each ch
 
 Part 2 trains a tiny BERT for real with the placement the planner suggests, and compares the
 estimate made at compile (``poptorch_sim.memory_report``) with what the simulator really held
-during a step (``poptorch_sim.memory.measure``).
+during a step (``poptorch_sim.memory.measure``), then again with every encoder layer's output
+marked with ``poptorch.recomputationCheckpoint`` (stashed beside each stage's inputs).
 
 The same report is printed for any PopTorch program by ``python -m poptorch_sim.memory
 script.py`` (it stops at the first compile), and is written to the profile folder when
@@ -131,6 +132,8 @@ def tiny_bert_measured(args: argparse.Namespace) -> None:
         attention_probs_dropout_prob=0.0, num_labels=3,
     )  # fmt: skip
     model = transformers.BertForSequenceClassification(config)
+    marked = transformers.BertForSequenceClassification(config)
+    marked.load_state_dict(model.state_dict())
     mb, ga = 2, 8
     batch = {"input_ids": torch.randint(0, 128, (mb * ga, 16)),
              "labels": torch.randint(0, 3, (mb * ga,))}  # fmt: skip
@@ -153,6 +156,22 @@ def tiny_bert_measured(args: argparse.Namespace) -> None:
         print(f"{est.ipu:>3}  {est.weights:>9} / {got.weights:<9}  "
               f"{est.optimizer_state:>13} / {got.optimizer_state:<13}  "
               f"{est.activations:>12} / {got.activations}")  # fmt: skip
+    training.destroy()
+
+    # Graphcore's BERT marks each encoder layer's output: with recomputation those values are
+    # stashed per micro-batch too, and backward recomputes from them instead of the stage input.
+    for layer in marked.bert.encoder.layer:
+        layer.register_forward_hook(
+            lambda module, inputs, out: poptorch.recomputationCheckpoint(out)
+        )
+    training = poptorch.trainingModel(
+        suggestion.apply(marked), opts, poptorch.optim.AdamW(marked.parameters(), lr=1e-3)
+    )
+    measured = measure(training, **batch)
+    report = poptorch_sim.memory_report(training)
+    print("with recomputationCheckpoint on every layer's output, activations est/measured: "
+          + ", ".join(f"IPU {e.ipu} {e.activations} / {g.activations}"
+                      for e, g in zip(report.ipus, measured)))  # fmt: skip
     training.destroy()
 
 

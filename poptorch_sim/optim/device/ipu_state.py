@@ -210,6 +210,30 @@ def _keeps_velocity(
     return group["momentum"] != 0 or not constant or gradient_accumulation > 1
 
 
+def idle_velocities(
+    snap: OptimizerSnapshot, params: Sequence[torch.Tensor], gradient_accumulation: int
+) -> list[torch.Tensor]:
+    """The parameters whose SGD velocity PopART keeps but an update at momentum 0 never reads.
+
+    PopART's separate-tensor SGD (``use_combined_accum=False``) keeps a velocity per weight
+    unless it runs plain SGD (``_keeps_velocity``). At momentum 0 torch's update has none; the
+    device holds one anyway (zeros), so that it holds what the IPU holds (``poptorch_sim.memory``
+    measures it). Where momentum may later become non-zero, only with a constant dampening of
+    0: the first step with momentum then computes the velocity torch's first step does.
+    """
+    if snap.kind != "sgd" or snap.use_combined_accum:
+        return []
+    idle = []
+    for gi, group in enumerate(snap.groups):
+        values = group.values
+        if values["momentum"] != 0 or not _keeps_velocity(snap, gi, values, gradient_accumulation):
+            continue
+        fixed = snap.is_constant("momentum", gi)
+        if fixed or (values.get("dampening", 0) == 0 and snap.is_constant("dampening", gi)):
+            idle += [params[i] for i in group.params]
+    return idle
+
+
 def _imported_hyperparameters(
     kind: str,
     group: dict[str, Any],

@@ -41,7 +41,7 @@ from ...logger import logger
 from ...profiling.trace import TraceRecorder
 from ...program import StagedProgram
 from .fused import FusedOptimizer
-from .ipu_state import export_state, import_state
+from .ipu_state import export_state, idle_velocities, import_state
 from .loss_scaling import FACTOR_NAME, FINAL_NAME, AutomaticLossScaling
 from .snapshot import OptimizerSnapshot
 from .torch_optimizer import (
@@ -105,6 +105,10 @@ class DeviceTrainer:
                 second_order_momentum_accum_type=snap.second_order_momentum_accum_type,
                 off_chip=off_chip,
             )
+            for p in idle_velocities(snap, params, gradient_accumulation):
+                self.optimizer.state.setdefault(p, {})["momentum_buffer"] = self.optimizer._zeros(
+                    p, 0
+                )
         else:
             self.optimizer = device_optimizer(snap, params)
         self.trace: TraceRecorder | None = None
