@@ -36,8 +36,8 @@ from ..profiling.trace import TraceRecorder
 from ..program import StagedProgram
 from ..runtime import PipelineRuntime
 from ..runtime.io_tiles import write_report
-from .batching import Layout
 from .inputs import BoundArgs
+from .layout import Layout
 from .outputs import OutputCollector
 
 __all__ = ["StagedRunner"]

@@ -31,8 +31,8 @@ from typing import Any
 
 from ..enums import OutputMode
 from ..errors import Error
-from ..executor.batching import check_batch
-from ..executor.executor import PoplarExecutor, _layout
+from ..executor.executor import PoplarExecutor
+from ..executor.layout import batch_layout, check_batch
 from ..logger import logger
 from .requests import Request, Signature, join, split
 
@@ -97,7 +97,7 @@ class Runner:
                 f"{config.max_in_flight}"
             )
         self.model = model
-        self.slots = _layout(model.options, False).micro_batches
+        self.slots = batch_layout(model.options, False).micro_batches
         self._signature: Signature | None = None
         self._sign_lock = threading.Lock()
         self._requests: queue.Queue[Request] = queue.Queue(maxsize=config.max_queue)
