@@ -58,7 +58,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 import poptorch_sim as poptorch
-from poptorch_sim.profiling.trace import TraceRecorder
+from poptorch_sim.profiling import TraceRecorder
 from poptorch_sim.program import StagedProgram, StageSpec
 from poptorch_sim.runtime import PipelineRuntime
 

@@ -38,7 +38,7 @@ from torch import nn
 from torchvision.models.resnet import Bottleneck, ResNet
 
 import poptorch_sim as poptorch
-from poptorch_sim.compiler.capture import capture_model
+from poptorch_sim.compiler import capture_model
 from poptorch_sim.compiler.sharding import ShardingConfig, assign
 
 POPRT_CUT = {"add": 0, "layer4_0_bn3": 1, "add_13": 2}

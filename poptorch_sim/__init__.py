@@ -6,17 +6,8 @@ PopTorch program unmodified.
 
 from __future__ import annotations
 
-from . import (
-    _impl,
-    _logging,
-    enums,
-    ops,
-    optim,
-    options,
-    poptorch_core,
-    profiling,
-    testing,
-)  # _impl, _logging: PopTorch programs and tests reach poptorch._impl / ._logging
+from . import enums, ops, optim, options, profiling, testing
+from .compat import _impl, _logging, poptorch_core  # poptorch._impl, ._logging, .poptorch_core
 from .compiler.sharding import Sharder, list_nodes
 from .data import AsynchronousDataAccessor, DataLoader
 from .enums import (

@@ -1,22 +1,8 @@
-"""``python -m poptorch_sim SCRIPT [ARGS...]``: run an unmodified PopTorch script."""
-
-from __future__ import annotations
+"""``python -m poptorch_sim SCRIPT [ARGS...]`` runs ``poptorch_sim/cli/run.py``; kept here for ``-m``."""
 
 import sys
 
-import poptorch  # noqa: F401  (makes ``import poptorch`` resolve to poptorch_sim)
-
-from .script import run_program
-
-
-def main(argv: list[str]) -> int:
-    """Run ``argv[0]`` as ``__main__`` with ``argv[1:]`` as its arguments."""
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m poptorch_sim SCRIPT [ARGS...]", file=sys.stderr)
-        return 2
-    run_program(argv[0], argv[1:])
-    return 0
-
+from .cli.run import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

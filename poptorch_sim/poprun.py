@@ -1,10 +1,8 @@
-"""``python -m poptorch_sim.poprun``: PopRun's launcher (see ``poptorch_sim/distributed/launcher.py``)."""
-
-from __future__ import annotations
+"""``python -m poptorch_sim.poprun`` runs ``poptorch_sim/cli/poprun.py``; kept here for ``-m``."""
 
 import sys
 
-from .distributed.launcher import main
+from .cli.poprun import main
 
 if __name__ == "__main__":
     sys.exit(main())

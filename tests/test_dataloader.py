@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from poptorch_sim.data import AsynchronousDataAccessor, DataLoader, workers
-from poptorch_sim.data.partition import process_block
+from poptorch_sim.data.process_block import process_block
 from poptorch_sim.data.rebatch import combine_batches, rebatch
 from poptorch_sim.enums import CommGroupType, DataLoaderMode, SharingStrategy
 from poptorch_sim.errors import Error
@@ -93,7 +93,7 @@ def collect(loader: Any, epochs: int = 1) -> list[list[Any]]:
 
 
 def within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` on a helper thread; fail the test (instead of hanging) if it takes too long."""
+    """Run ``fn`` on a thread of its own; fail the test (instead of hanging) if it takes too long."""
     result: dict[str, Any] = {}
 
     def run() -> None:

@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 from poptorch_sim.kernels import optim as K
 from poptorch_sim.kernels import reference as R
-from poptorch_sim.kernels.optim import FusedOptimizer
+from poptorch_sim.optim.device import FusedOptimizer
 
 # Two multi-tile params around a crowd of small ones: tails, single elements, whole tiles.
 MANY_SHAPES = [(40_000,), (3, 1000)] + [((i * 37) % 2100 + 1,) for i in range(150)] + [(1024,)]
@@ -217,7 +217,7 @@ def test_state_changed_between_steps_is_used(how):
 
 
 def test_param_state_dict_counts_every_change():
-    from poptorch_sim.kernels.param_state import ParamStateDict
+    from poptorch_sim.optim.device.param_state import ParamStateDict
 
     s = ParamStateDict()
     a, b = torch.zeros(1), torch.zeros(1)

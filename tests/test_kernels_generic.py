@@ -24,6 +24,7 @@ from torch.testing import assert_close
 import poptorch_sim as poptorch
 from poptorch_sim import kernels as K
 from poptorch_sim.kernels import generic as G
+from poptorch_sim.optim.device import FusedOptimizer
 
 OPS = torch.ops.poptorch_sim
 ROOT = Path(__file__).resolve().parents[1]
@@ -481,7 +482,7 @@ def test_fused_optimizer_on_cuda_matches_the_cpu(kind, off_chip):
     gpu = [torch.nn.Parameter(p.detach().cuda()) for p in cpu]
     kw = dict(loss_scaling=8.0, max_grad_norm=1.5, off_chip=off_chip, chunk_elements=1024,
               first_order_momentum_accum_type=torch.float16)  # fmt: skip
-    opts = [K.FusedOptimizer(kind, [dict(params=ps, **KINDS[kind])], **kw) for ps in (cpu, gpu)]
+    opts = [FusedOptimizer(kind, [dict(params=ps, **KINDS[kind])], **kw) for ps in (cpu, gpu)]
     K.offload_reset_stats()
     for _ in range(4):
         for p, q in zip(cpu, gpu):

@@ -13,18 +13,18 @@ import torch
 from torch.testing import assert_close
 
 from poptorch_sim.errors import Error
-from poptorch_sim.kernels.fused_optimizer import FusedOptimizer
 from poptorch_sim.optim import LAMB, SGD, Adam, AdamW, Optimizer, RMSprop, VariableAttributes
-from poptorch_sim.optim.device import (
+from poptorch_sim.optim.device.fused import FusedOptimizer
+from poptorch_sim.optim.device.ipu_state import export_state, import_state
+from poptorch_sim.optim.device.replacement import check_update
+from poptorch_sim.optim.device.snapshot import OptimizerSnapshot, snapshot
+from poptorch_sim.optim.device.torch_optimizer import (
     apply_hyperparameters,
     device_groups,
     device_optimizer,
     prepare_gradients_,
     restore_groups_,
 )
-from poptorch_sim.optim.ipu_state import export_state, import_state
-from poptorch_sim.optim.replacement import check_update
-from poptorch_sim.optim.snapshot import OptimizerSnapshot, snapshot
 from poptorch_sim.optim.variants import AdamWNoBias, RMSpropTF
 
 POPTORCH_CLASSES = [SGD, Adam, AdamW, RMSprop, LAMB]
@@ -1112,7 +1112,7 @@ def _frozen_options():
 )
 def test_mean_reduction_strategy_follows_accum_type(make_opt, expected) -> None:
     from poptorch_sim.enums import MeanReductionStrategy
-    from poptorch_sim.optim.reduction import apply_mean_reduction_strategy
+    from poptorch_sim.optim.device.reduction import apply_mean_reduction_strategy
 
     opts = _frozen_options()
     apply_mean_reduction_strategy(make_opt(_model().parameters()), opts, compiled=False)
@@ -1122,7 +1122,7 @@ def test_mean_reduction_strategy_follows_accum_type(make_opt, expected) -> None:
 
 
 def test_mean_reduction_strategy_cannot_change_after_compilation() -> None:
-    from poptorch_sim.optim.reduction import apply_mean_reduction_strategy
+    from poptorch_sim.optim.device.reduction import apply_mean_reduction_strategy
 
     opts = _frozen_options()
     opt = Adam(_model().parameters(), accum_type=torch.float16)

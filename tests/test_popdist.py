@@ -14,7 +14,8 @@ import popdist
 import popdist.poptorch
 import poptorch_sim as poptorch
 from poptorch_sim import distributed
-from poptorch_sim.distributed import instance, launcher, plan_buckets
+from poptorch_sim.cli import poprun as launcher
+from poptorch_sim.distributed import instance, plan_buckets
 
 _LAUNCH_VARS = [
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",

@@ -18,9 +18,9 @@ from oracle import expected_output, train_reference
 from torch import nn
 
 import poptorch_sim as poptorch
+from poptorch_sim.cli.shard import main as shard_main
 from poptorch_sim.compiler.sharding import ShardingConfig, ShardingError, assign
 from poptorch_sim.compiler.tracer import trace_model
-from poptorch_sim.shard import main as shard_main
 
 REPO = Path(__file__).resolve().parent.parent
 

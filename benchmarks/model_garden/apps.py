@@ -66,7 +66,7 @@ APPS: dict[str, App] = {
     "cnns": App(
         key="cnns",
         path="vision/cnns/pytorch",
-        # Its conftest downloads CIFAR-10 and sample images when the session starts, which
+        # Its conftest downloads CIFAR-10 and sample images when the test run starts, which
         # stops the whole run offline: without it each test that needs the data fails alone.
         # The whole suite trains and benchmarks full-size models (hours on a CPU): its model
         # tests are the run's default.

@@ -40,6 +40,8 @@ from .verify import check_ipu_count, check_phases, check_pipeline_depth, pipelin
 
 __all__ = [
     "compile_program",
+    "capture_model",
+    "Trace",
     "uses_blocks",
     "flatten_inputs",
     "rebuild_output",

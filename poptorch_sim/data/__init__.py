@@ -1,4 +1,14 @@
-"""PopTorch's data loading: ``DataLoader`` (combined batches) and ``AsynchronousDataAccessor``."""
+"""The input pipeline: ``poptorch.DataLoader`` and ``poptorch.AsynchronousDataAccessor``.
+
+    loader.py         ``DataLoader``: batches of one model call (the combined batch size)
+    rebatch.py        combining the user's batches into one model call's batch
+    process_block.py  the contiguous block of the dataset one process reads (several processes)
+    workers.py        capping and shutting down the worker processes
+    accessor.py       ``AsynchronousDataAccessor``: batches loaded ahead of the model
+    prefetch.py       the accessor's background thread (epochs, a bounded queue)
+
+The datasets themselves (MNIST, or its generated stand-in offline) are ``poptorch_sim.datasets``.
+"""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ import torch
 from ..enums import DataLoaderMode
 from ..errors import createPoptorchError
 from ..logger import logger
+from ..options import Options
 from .accessor import AsynchronousDataAccessor
-from .partition import SubDataset
+from .process_block import SubDataset
 from .rebatch import combine_batches
 from .workers import capped_num_workers, shutdown_workers
 
@@ -48,9 +49,6 @@ class _AsyncEpoch:
         return getattr(self._accessor, name)
 
 
-_OPTION_ATTRIBUTES = ("device_iterations", "replication_factor", "Training", "Distributed")
-
-
 def combined_batch_size(options: Any, batch_size: int | None) -> tuple[int | None, int | None]:
     """Batches per model call and rows per model call for a micro-batch of ``batch_size``.
 
@@ -79,15 +77,7 @@ def combined_batch_size(options: Any, batch_size: int | None) -> tuple[int | Non
 
 
 def _check_options(options: Any) -> None:
-    try:
-        from ..options import Options  # the options package may not exist yet
-    except Exception:  # fall back to duck typing
-        Options = None
-    if Options is not None:
-        ok = isinstance(options, Options)
-    else:
-        ok = all(hasattr(options, name) for name in _OPTION_ATTRIBUTES)
-    if not ok:
+    if not isinstance(options, Options):
         raise AssertionError(
             f"poptorch.DataLoader expects a poptorch.Options as its first argument, got "
             f"{type(options).__name__}: pass the Options the model will be compiled with"
@@ -109,7 +99,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
     input_group_size) x gradientAccumulation`` consecutive elements, which is the host batch
     ``trainingModel``/``inferenceModel`` expect. In a distributed run
     (``Options.Distributed.numProcesses > 1``) each process reads its own contiguous block of the
-    dataset (see [Note: distributed partitioning] in ``partition.py``). With
+    dataset (see [Note: distributed partitioning] in ``process_block.py``). With
     ``mode=DataLoaderMode.Async`` batches are prefetched by an
     :class:`AsynchronousDataAccessor`; with ``AsyncRebatched`` the workers load
     ``rebatched_worker_size`` rows at a time and the accessor re-cuts them to the combined size.

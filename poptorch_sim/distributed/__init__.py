@@ -2,8 +2,8 @@
 
 A PopTorch program written for PopRun runs as several processes (*instances*), each with its own
 replicas; the DataLoader gives each process its contiguous block of the data set
-(``poptorch_sim/data/partition.py``) and every optimizer step sums the gradients over all of them
-(see [Note: replicas across processes] in ``allreduce.py``). ``python -m poptorch_sim.poprun``
+(``poptorch_sim/data/process_block.py``) and every optimizer step sums the gradients over all of
+them (see [Note: replicas across processes] in ``allreduce.py``). ``python -m poptorch_sim.poprun``
 starts the instances on this host through torch's elastic launcher (what ``torchrun`` runs);
 ``popdist`` (a top-level package) holds PopDist's API.
 

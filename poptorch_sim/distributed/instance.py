@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ..script import run_program
+from ..cli.program import run_program
 from .topology import _int
 
 __all__ = ["main", "popdist_environment"]

@@ -3,7 +3,8 @@
 Importing this package loads ``poptorch_sim._C`` (the CPU kernels) and registers the generic
 torch implementations of :mod:`.generic` as the ops' CUDA kernels. Sorting family and tile
 engine: this package's :mod:`.sorting` and :mod:`.engine`; accumulation, fused optimizer
-updates and off-chip state streaming: :mod:`.optim`.
+updates and off-chip state streaming: :mod:`.optim` (the optimizer built on them is
+:mod:`poptorch_sim.optim.device`).
 """
 
 from __future__ import annotations
@@ -21,23 +22,47 @@ from .engine import (
     supported_simd_level,
     tiles,
 )
+from .optim import (
+    TILE_ELEMENTS,
+    accumulate_,
+    accumulate_many_,
+    adam_step_,
+    grad_norm,
+    increment_steps_,
+    lamb_step_,
+    offload_reset_stats,
+    offload_stats,
+    rmsprop_step_,
+    sgd_step_,
+)
 from .simd_choice import simd_report
 from .sorting import argsort, batched_nms, nms, sort, topk
 
 generic.register("cuda")
 
 __all__ = [
+    "TILE_ELEMENTS",
     "KernelCounters",
+    "accumulate_",
+    "accumulate_many_",
+    "adam_step_",
     "argsort",
     "batched_nms",
     "counters",
     "engine",
     "generic",
+    "grad_norm",
+    "increment_steps_",
+    "lamb_step_",
     "nms",
     "num_tiles",
+    "offload_reset_stats",
+    "offload_stats",
     "reset_counters",
+    "rmsprop_step_",
     "set_num_tiles",
     "set_simd_level",
+    "sgd_step_",
     "simd",
     "simd_choice",
     "simd_level",
@@ -47,43 +72,5 @@ __all__ = [
     "tiles",
     "topk",
 ]
-
-try:
-    from . import optim as _optim
-except ModuleNotFoundError as error:  # optim.py not written yet in this checkout
-    if error.name != f"{__name__}.optim":
-        raise
-    _optim = None
-
-if _optim is not None:
-    from .optim import (
-        KINDS,
-        TILE_ELEMENTS,
-        FusedOptimizer,
-        accumulate_,
-        accumulate_many_,
-        adam_step_,
-        grad_norm,
-        lamb_step_,
-        offload_reset_stats,
-        offload_stats,
-        rmsprop_step_,
-        sgd_step_,
-    )
-
-    __all__ += [
-        "KINDS",
-        "TILE_ELEMENTS",
-        "FusedOptimizer",
-        "accumulate_",
-        "accumulate_many_",
-        "adam_step_",
-        "grad_norm",
-        "lamb_step_",
-        "offload_reset_stats",
-        "offload_stats",
-        "rmsprop_step_",
-        "sgd_step_",
-    ]
 
 simd_choice.apply()  # each family's fastest SIMD variant here: measured once, then cached

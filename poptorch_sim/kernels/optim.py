@@ -1,7 +1,8 @@
-"""Typed wrappers of the accumulation and fused-optimizer tile kernels, and ``FusedOptimizer``.
+"""Typed wrappers of the accumulation and fused-optimizer tile kernels.
 
 Each op runs the C++ kernel on CPU tensors and its generic torch implementation
-(:mod:`.generic`) when any operand is on CUDA.
+(:mod:`.generic`) when any operand is on CUDA. The optimizer that calls them, state and all,
+is :mod:`poptorch_sim.optim.device`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from .engine import load_library
 from .generic import offload as generic_offload
 
 __all__ = [
-    "KINDS",
     "TILE_ELEMENTS",
-    "FusedOptimizer",
     "accumulate_",
     "accumulate_many_",
     "adam_step_",
@@ -230,5 +229,3 @@ def _register_fakes() -> None:
 
 
 _register_fakes()
-
-from .fused_optimizer import KINDS, FusedOptimizer  # noqa: E402  (needs the ops above)

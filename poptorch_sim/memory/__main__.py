@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..script import run_program
+from ..cli.program import run_program
 from .build import CompiledOnly, stop_after_compile
 
 __all__ = ["main"]

@@ -1,8 +1,7 @@
 """``poptorch.optim``: torch optimizers with PopTorch's extra arguments, and LAMB.
 
-The executor-facing machinery lives in submodules and is not part of ``poptorch.optim``:
-``snapshot`` (``snapshot``, ``OptimizerSnapshot``), ``replacement`` (``check_update``) and
-``device`` (``device_optimizer``, ``apply_hyperparameters``, ``prepare_gradients_``).
+What the device runs in their place (snapshots, ``setOptimizer``'s checks, the fused step, the
+state under PopART's names) is the subpackage :mod:`.device`, not part of ``poptorch.optim``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""The optimizer that runs "on the device": a plain torch optimizer built from a snapshot."""
+"""A snapshot's device param groups, and the plain torch optimizer built from them.
+
+The torch optimizer runs the algorithms the fused kernels do not cover; ``device_groups`` and
+``restore_groups_`` serve ``FusedOptimizer`` (:mod:`.fused`) too.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,10 @@ from typing import Any
 
 import torch
 
-from ..errors import Error
-from .lamb import LAMB
+from ...errors import Error
+from ..lamb import LAMB
+from ..variants import AdamWNoBias, RMSpropTF
 from .snapshot import OptimizerSnapshot
-from .variants import AdamWNoBias, RMSpropTF
 
 __all__ = [
     "device_groups",

@@ -1,7 +1,8 @@
 """A device optimizer's state under PopART's tensor names (``ipu_state`` / ``ipu_param``).
 
 PopTorch users read and write the device optimizer state through ``optimizer.state_dict()``
-(see [Note: optimizer state on the device] in ``base.py``). The keys are PopART's tensor names:
+(see [Note: optimizer state on the device] in ``poptorch_sim/optim/base.py``). The keys are
+PopART's tensor names:
 
 =================  ==========================  ==============================================
 kind               ``ipu_state`` (per param)   ``ipu_param`` (per param, ``___specific___``)
@@ -36,8 +37,8 @@ differs from the others of its device group splits the group: the group's parame
 into runs of consecutive parameters with the same imported values, each run a device group of
 its own, so the order of the parameters over all groups never changes (it is how
 ``_device_params`` finds each parameter's name and snapshot group). A value written to every
-parameter of a group changes the group in place. ``restore_groups_`` (``device.py``) joins the
-runs again when ``setOptimizer`` writes the snapshot's values to every parameter.
+parameter of a group changes the group in place. ``restore_groups_`` (``torch_optimizer.py``)
+joins the runs again when ``setOptimizer`` writes the snapshot's values to every parameter.
 
 Simulated: PopART's exact set of derived SGD tensors depends on its SGD variant; we always
 report the two above, and an imported SGD value is turned back into ``lr`` / ``weight_decay``
@@ -53,10 +54,10 @@ from typing import Any
 
 import torch
 
-from ..errors import Error
-from ..logger import logger
+from ...errors import Error
+from ...logger import logger
+from ..variants import RMSpropTF
 from .snapshot import OptimizerSnapshot
-from .variants import RMSpropTF
 
 __all__ = ["export_state", "import_state"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import Error
+from ...errors import Error
 from .snapshot import GroupSnapshot, OptimizerSnapshot
 
 __all__ = ["check_update"]

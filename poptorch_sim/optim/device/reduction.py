@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..enums import MeanReductionStrategy
+from ...enums import MeanReductionStrategy
 
 __all__ = ["apply_mean_reduction_strategy", "RUNNING_NEEDS_RECOMPILE"]
 

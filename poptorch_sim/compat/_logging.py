@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .logger import logger, setLogLevel, setPopartLogLevel
+from ..logger import logger, setLogLevel, setPopartLogLevel
 
 __all__ = ["logger", "setLogLevel", "setPopartLogLevel"]

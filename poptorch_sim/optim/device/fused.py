@@ -1,7 +1,8 @@
 """``FusedOptimizer``: the runtime's optimizer step on the fused kernels, state on/off-chip.
 
 CPU parameters step on the C++ tile kernels, CUDA parameters on their generic torch
-implementations (:mod:`.generic`); on-chip state lives beside its parameter, off-chip state in
+implementations (:mod:`poptorch_sim.kernels.generic`), both called through the op wrappers of
+:mod:`poptorch_sim.kernels`; on-chip state lives beside its parameter, off-chip state in
 host memory (pinned for CUDA parameters) and is streamed through the device in chunks.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .optim import (
+from ...kernels import (
     TILE_ELEMENTS,
     adam_step_,
     grad_norm,
@@ -24,38 +25,10 @@ from .optim import (
     rmsprop_step_,
     sgd_step_,
 )
+from .hyperparameters import DEFAULTS, KINDS, check_accum_type, checked_hyperparameters
 from .param_state import ParamStateDict
 
-__all__ = ["KINDS", "FusedOptimizer"]
-
-# Hyper-parameters of each kind with their defaults (torch.optim's; PopTorch's for LAMB).
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "sgd": dict(lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-                maximize=False),
-    "adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, maximize=False,
-                 bias_correction=True),
-    "adamw": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, maximize=False,
-                  bias_correction=True),
-    "rmsprop": dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
-                    centered=False, maximize=False, use_tf_variant=False),
-    "lamb": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 max_weight_norm=65500.0, bias_correction=True),
-}  # fmt: skip
-KINDS = tuple(_DEFAULTS)
-
-# Group keys torch optimizers carry that have no effect here (accepted and ignored).
-_TORCH_ONLY_KEYS = {"foreach", "differentiable", "fused", "capturable", "amsgrad",
-                    "decoupled_weight_decay", "initial_lr", "params"}  # fmt: skip
-
-_ACCUM_TYPES = (torch.float32, torch.float16)
-
-
-def _check_accum_type(dtype: torch.dtype) -> None:
-    if dtype not in _ACCUM_TYPES:
-        # PopTorch raises AssertionError with this wording (python/optim.py).
-        raise AssertionError(
-            f"Accumulation types must be either torch.float32 or torch.float16, got {dtype}"
-        )
+__all__ = ["FusedOptimizer"]
 
 
 class FusedOptimizer:
@@ -103,11 +76,11 @@ class FusedOptimizer:
         off_chip: bool = False,
         chunk_elements: int = 1 << 20,
     ) -> None:
-        if kind not in _DEFAULTS:
+        if kind not in DEFAULTS:
             raise ValueError(f"unknown optimizer kind {kind!r} (known kinds: {', '.join(KINDS)})")
         for dtype in (accum_type, first_order_momentum_accum_type,
                       second_order_momentum_accum_type):  # fmt: skip
-            _check_accum_type(dtype)
+            check_accum_type(dtype)
         self.kind = kind
         self.accum_type = accum_type
         self.state_dtypes = (first_order_momentum_accum_type, second_order_momentum_accum_type)
@@ -134,22 +107,13 @@ class FusedOptimizer:
     def _add_group(self, group: dict[str, Any]) -> None:
         params = group["params"]
         params = [params] if isinstance(params, Tensor) else list(params)
-        new = dict(_DEFAULTS[self.kind])
+        new = dict(DEFAULTS[self.kind])
         new.update(self._checked_hyper(group))
         new["params"] = params
         self.param_groups.append(new)
 
     def _checked_hyper(self, group: dict[str, Any]) -> dict[str, Any]:
-        if group.get("amsgrad", False):
-            raise ValueError("Only non-amsgrad Adam/AdamW optimizers are supported.")
-        known = _DEFAULTS[self.kind]
-        unknown = sorted(k for k in group if k not in known and k not in _TORCH_ONLY_KEYS)
-        if unknown:
-            raise ValueError(
-                f"unknown {self.kind} hyper-parameter(s) {unknown} "
-                f"(known: {', '.join(sorted(known))})"
-            )
-        return {k: v for k, v in group.items() if k in known}
+        return checked_hyperparameters(self.kind, group)
 
     def set_hyperparameters(
         self,

@@ -6,9 +6,9 @@ from typing import Any
 
 from torch import nn
 
-from .errors import createPoptorchError
-from .executor.weights import set_tensors_wrapped
-from .ipu_context import isRunningOnIpu
+from ..errors import createPoptorchError
+from ..executor.weights import set_tensors_wrapped
+from ..ipu_context import isRunningOnIpu
 
 __all__ = [
     "createPoptorchError",

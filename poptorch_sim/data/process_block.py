@@ -1,4 +1,4 @@
-"""Distributed partitioning: the contiguous block of a dataset that one process reads.
+"""The contiguous block of a dataset that one process reads (several processes, PopRun).
 
 [Note: distributed partitioning]
 With ``Options.Distributed.numProcesses = P`` each process reads its own contiguous block::

@@ -5,10 +5,10 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from . import env
-from .errors import Error, RecoverableError, UnrecoverableError
-from .hardware import MK2_VERSION
-from .ipu_context import isRunningOnIpu
+from .. import env
+from ..errors import Error, RecoverableError, UnrecoverableError
+from ..hardware import MK2_VERSION
+from ..ipu_context import isRunningOnIpu
 
 __all__ = [
     "Error",
@@ -98,7 +98,7 @@ def _validateOptions(options: dict[str, Any]) -> None:
     Raises:
         poptorch.Error: ``Unknown <kind> option <name>`` / ``Unknown value type ... for option``.
     """
-    from .options.session import validate_options
+    from ..options.session import validate_options
 
     validate_options(options)
 

@@ -28,18 +28,19 @@ from typing import Any
 
 import torch
 
-from ..errors import Error
-from ..logger import logger
-from .adam import Adam, AdamW
-from .attributes import VariableAttributes
-from .base import Optimizer
-from .lamb import LAMB
-from .rmsprop import RMSprop
-from .sgd import SGD
+from ...errors import Error
+from ...logger import logger
+from ..adam import Adam, AdamW
+from ..attributes import VariableAttributes
+from ..base import Optimizer
+from ..lamb import LAMB
+from ..rmsprop import RMSprop
+from ..sgd import SGD
+from .attribute_checks import known_attrs, report_unexpected
+from .hyperparameters import KINDS
 
 __all__ = ["GroupSnapshot", "OptimizerSnapshot", "snapshot", "KINDS", "SUPPORTED_TYPES"]
 
-KINDS = ("sgd", "adam", "adamw", "rmsprop", "lamb")
 SUPPORTED_TYPES: tuple[type[torch.optim.Optimizer], ...] = (
     SGD,
     Adam,
@@ -89,9 +90,6 @@ _CONSTANT_VALUE = {
     "eps": 1e-08,
     "max_weight_norm": 65500.0,
 }
-# Names that are never "unexpected": torch's LR schedulers add ``initial_lr`` to every group.
-_BENIGN_GROUP_ATTRS = frozenset({"initial_lr"})
-_NOT_OPTIMIZER_ATTRS = frozenset({"defaults", "state", "param_groups", "variable_attrs", "step"})
 
 
 @dataclass(frozen=True, repr=False)
@@ -221,7 +219,9 @@ def snapshot(
         **extras,
         **_known_attrs(optimizer, previous),
     )
-    _report_unexpected(optimizer, snap, previous, relax_checks)
+    if previous is not None:
+        report_unexpected(optimizer, snap.variant, snap.known_group_attrs,
+                          snap.known_optimizer_attrs, relax_checks)  # fmt: skip
     logger.debug("Optimizer snapshot %s", snap)
     return snap
 
@@ -366,18 +366,6 @@ def _variant(optimizer: torch.optim.Optimizer, kind: str, extras: dict[str, Any]
     )
 
 
-def _group_attr_names(optimizer: torch.optim.Optimizer) -> set[str]:
-    names = set(optimizer.defaults)
-    for group in optimizer.param_groups:
-        names.update(k for k in group if k != "params")
-    return names
-
-
-def _optimizer_attr_names(optimizer: torch.optim.Optimizer) -> set[str]:
-    # Private names belong to torch's or our machinery (hooks, LR-scheduler patches).
-    return {k for k in vars(optimizer) if k not in _NOT_OPTIMIZER_ATTRS and not k.startswith("_")}
-
-
 def _known_attrs(
     optimizer: torch.optim.Optimizer, previous: OptimizerSnapshot | None
 ) -> dict[str, frozenset[str]]:
@@ -386,33 +374,5 @@ def _known_attrs(
             "known_group_attrs": previous.known_group_attrs,
             "known_optimizer_attrs": previous.known_optimizer_attrs,
         }
-    return {
-        "known_group_attrs": frozenset(_group_attr_names(optimizer)) | _BENIGN_GROUP_ATTRS,
-        "known_optimizer_attrs": frozenset(_optimizer_attr_names(optimizer)),
-    }
-
-
-def _report_unexpected(
-    optimizer: torch.optim.Optimizer,
-    snap: OptimizerSnapshot,
-    previous: OptimizerSnapshot | None,
-    relax_checks: bool,
-) -> None:
-    """Report attributes the first snapshot did not have: the device ignores them."""
-    if previous is None:
-        return
-    log = logger.debug if relax_checks else logger.warning
-    known_group = snap.known_group_attrs
-    found = [("default group variable", [k for k in optimizer.defaults if k not in known_group])]
-    found.append(
-        (
-            "optimizer attribute",
-            sorted(_optimizer_attr_names(optimizer) - snap.known_optimizer_attrs),
-        )
-    )
-    for i, group in enumerate(optimizer.param_groups):
-        extra = [k for k in group if k != "params" and k not in known_group]
-        found.append((f"group {i} attribute", extra))
-    for what, extra in found:
-        if extra:
-            log(f"Ignoring unexpected {what} in {snap.variant} optimizer: {extra}")
+    group, optimizer_attrs = known_attrs(optimizer)
+    return {"known_group_attrs": group, "known_optimizer_attrs": optimizer_attrs}
