@@ -71,6 +71,21 @@ class DeviceLink:
         if destroy is not None:
             destroy()
 
+    # -- attachment -----------------------------------------------------------------------------
+    def attach(self) -> None:
+        """Attach and upload the host weights (``attachToDevice``, or a call that attaches)."""
+        self.attached = True
+        self.copy_to_device()
+
+    def detach(self) -> None:
+        """Read a training model's weights back, then release the device."""
+        self.copy_to_host_if_needed()
+        self.attached = False
+
+    def mark_trained(self) -> None:
+        """A call trained the device copy: the host weights are stale until the next download."""
+        self.dirty_host_weights = True
+
     # -- copies ---------------------------------------------------------------------------------
     def copy_to_device(self) -> None:
         """Upload the host weights and buffers (after syncing a training owner's host copy)."""

@@ -108,7 +108,7 @@ class PoplarExecutor:
             self._optim.write_state_if_loaded()  # a loaded state goes up before the run uses it
         outputs, self._perf = exe.run(bound, self._options)
         if exe.trainer is not None:
-            self._link.dirty_host_weights = True
+            self._link.mark_trained()
             if self._optim is not None:
                 self._optim.after_run()
         return outputs
@@ -168,8 +168,7 @@ class PoplarExecutor:
         return self._executable
 
     def _attach(self) -> None:
-        self._link.attached = True
-        self.copyWeightsToDevice()
+        self._link.attach()
         if self._seed_pending:
             # PopTorch seeds the device RNG when it loads an executable; the device RNG here
             # is torch's, so two models with one randomSeed draw the same numbers.
@@ -194,8 +193,7 @@ class PoplarExecutor:
         self._require_executable()
         if not self._link.attached:
             raise Error("Device is not attached")
-        self._link.copy_to_host_if_needed()
-        self._link.attached = False
+        self._link.detach()
 
     def isAttachedToDevice(self) -> bool:
         """Whether the device is attached (False when not compiled)."""
