@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import Row  # noqa: E402
 from timing import interleaved as _interleaved  # noqa: E402
 
-from poptorch_sim.kernels.optim import accumulate_  # noqa: E402
+from poptorch_sim.kernels import accumulate_  # noqa: E402
 from poptorch_sim.optim.device import FusedOptimizer  # noqa: E402
 
 

@@ -53,4 +53,5 @@ build_extension() {
     .venv/bin/python setup.py -q build_ext --inplace
 }
 compgen -G "poptorch_sim/_C*.so" >/dev/null || rm -f "$stamps/extension"
-step extension "$(fingerprint setup.py csrc/*) $deps" build_extension
+# Every file under csrc/ (one folder per op family), in a fixed order.
+step extension "$(fingerprint setup.py $(find csrc -type f | LC_ALL=C sort)) $deps" build_extension

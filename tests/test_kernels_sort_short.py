@@ -10,7 +10,7 @@ from poptorch_sim import kernels
 from poptorch_sim.kernels import engine
 
 # Around every power of two the network pads to, up to the longest rows it takes (kBitonicRowMax
-# in csrc/sort.cpp: 2^15).
+# in csrc/sort/sort.cpp: 2^15).
 LENGTHS = [1, 2, 3, 5, 8, 15, 16, 17, 31, 33, 64, 100, 255, 256, 257, 1000, 1024, 4095, 4096]
 LENGTHS += [4097, 20_000, 32768]
 SPECIALS = [float("nan"), -float("nan"), float("inf"), float("-inf"), -0.0, 0.0]

@@ -15,7 +15,8 @@ a *generation* number. Every queue item carries the generation of the epoch it b
 
 The producer only ever moves forward (it restarts when ``wanted > generation``), so it is at
 most one epoch ahead and never produces an epoch twice. Every blocking call polls a stop flag,
-so ``close()`` always returns; failures travel as queue items and are re-raised by the consumer.
+so ``close()`` always returns; failures travel as queue items and are re-raised by the consumer
+(See [Note: worker threads]).
 """
 
 from __future__ import annotations
@@ -25,12 +26,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from ..logger import logger
+from ..runtime.threads import POLL_S, join_all, polled_put
 
 __all__ = ["Item", "Prefetcher", "StartupResult"]
-
-_POLL_S = 0.05  # how often blocked waits look at the stop / reset flags
-_JOIN_TIMEOUT_S = 10.0
 
 
 class Item(NamedTuple):
@@ -102,7 +100,7 @@ class Prefetcher:
         self._thread.start()
         with self._cond:
             while self._startup is None:
-                self._cond.wait(_POLL_S)
+                self._cond.wait(POLL_S)
         return self._startup
 
     def request_epoch(self, generation: int) -> None:
@@ -116,7 +114,7 @@ class Prefetcher:
         """Next queue item; raises RuntimeError if the thread died without saying why."""
         while True:
             try:
-                return self.queue.get(timeout=_POLL_S)
+                return self.queue.get(timeout=POLL_S)
             except queue.Empty:
                 if not self._thread.is_alive() and self.queue.empty():
                     raise RuntimeError(
@@ -131,14 +129,11 @@ class Prefetcher:
         if not self._thread.is_alive() or threading.current_thread() is self._thread:
             return
         self._drain()
-        self._thread.join(_JOIN_TIMEOUT_S)
-        if self._thread.is_alive():
-            logger.warning(
-                "AsynchronousDataAccessor: the loading thread did not stop within %.0f s (the "
-                "dataset is probably blocked inside __getitem__/__next__); leaving it as a "
-                "daemon thread",
-                _JOIN_TIMEOUT_S,
-            )
+        join_all(
+            [self._thread],
+            why=" (the AsynchronousDataAccessor's dataset is probably blocked inside "
+            "__getitem__/__next__); leaving it as a daemon thread",
+        )
 
     def _drain(self) -> None:
         while True:
@@ -152,19 +147,12 @@ class Prefetcher:
         """Block until ``predicate()`` or stop; returns False on stop."""
         with self._cond:
             while not self._stop and not predicate():
-                self._cond.wait(_POLL_S)
+                self._cond.wait(POLL_S)
             return not self._stop
 
     def _put(self, item: Item) -> bool:
         """Put ``item``; returns False if stopped or the epoch was abandoned meanwhile."""
-        while True:
-            if self._stop or self._wanted > item.generation:
-                return False
-            try:
-                self.queue.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
+        return polled_put(self.queue, item, lambda: self._stop or self._wanted > item.generation)
 
     def _set_startup(self, result: StartupResult) -> None:
         with self._cond:

@@ -33,9 +33,9 @@ from ..ipu_context import running_on_ipu
 from ..logger import logger
 from ..memory.settings import recomputes
 from ..profiling.trace import TraceRecorder
+from ..profiling.utilisation import write_report
 from ..program import StagedProgram
 from ..runtime import PipelineRuntime
-from ..runtime.io_tiles import write_report
 from .inputs import BoundArgs
 from .layout import Layout
 from .outputs import OutputCollector

@@ -1,6 +1,6 @@
 """Python view of the C++ tile engine: the simulated tile count and per-kernel counters.
 
-The engine (``csrc/tile_engine.h``, see its ``[Note: tile engine]``) runs each kernel as
+The engine (``csrc/engine/tile_engine.h``, see its ``[Note: tile engine]``) runs each kernel as
 supersteps of per-tile compute followed by an exchange, and counts per kernel name:
 
     counter            meaning

@@ -30,14 +30,15 @@ __all__ = [
     "sgd_step_",
 ]
 
-# Elements per tile of the C++ kernels; off-chip chunks are whole tiles (csrc/optimizer.h).
+# Elements per tile of the C++ kernels; off-chip chunks are whole tiles (csrc/optim/optimizer.h).
 TILE_ELEMENTS = 1024
 
 
 load_library()
 _ops = torch.ops.poptorch_sim
-# The same C++ functions bound by pybind11 (csrc/bindings.cpp): `direct=True` calls them without
-# the dispatcher, whose argument conversion costs ~1 us per tensor of each list.
+# The same C++ functions bound by pybind11 (csrc/module.cpp, generated from the table in
+# csrc/optim/ops.h): `direct=True` calls them without the dispatcher, whose argument
+# conversion costs ~1 us per tensor of each list.
 _direct = importlib.import_module("poptorch_sim._C")
 
 

@@ -1,6 +1,6 @@
 """Runs each kernel family in the SIMD variant measured fastest on this CPU.
 
-The widest variant is not always the fastest (``[Note: measured variants]`` in ``csrc/simd.h``),
+The widest variant is not always the fastest (``[Note: measured variants]`` in ``csrc/common/simd.h``),
 so the first time poptorch_sim's kernels load on a machine, :func:`choose` times every variant
 ``POPTORCH_SIM_SIMD`` allows for each kernel family on a small sample, one tile, and keeps the
 fastest (0.1 s in all on a 16-core AVX-512 Xeon, 2026-11-25). The times are cached per CPU model

@@ -1,6 +1,6 @@
 """Typed wrappers of the tile-engine sorting family: sort, argsort, topk, nms, batched_nms.
 
-The C++ kernels (``csrc/sort.cpp``, ``csrc/topk.cpp``, ``csrc/nms.cpp``) split each row over the
+The C++ kernels (``csrc/sort/``: ``sort.cpp``, ``topk.cpp``, ``nms.cpp``) split each row over the
 engine's tiles (see :mod:`poptorch_sim.kernels.engine`): per-tile radix sorts of packed
 (order-preserving key, index) items merged across tiles in supersteps, PopLibs-style bitonic
 merge-and-keep-best for top-k, and a blocked greedy pass for NMS. Each op is a real

@@ -17,14 +17,15 @@ A request that fits no row waits for the next batch while later ones may still f
 the oldest waiting request always opens the next batch. Once ``batch_size`` requests wait so,
 the batch runs. Empty rows and slots are zero (PopRT pads zeros the same way).
 A failure of the model reaches every future of its batch; the thread carries on. ``close()``
-runs what is queued, then joins the thread.
+runs what is queued, then joins the thread. The queue, the gathering and ``close`` are the
+serving layer's ``Batcher`` (See [Note: the batching service]); this module says what a packed
+batch is and how it runs.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 
+from ..serving.batcher import Batcher, Closed, fail_all
 from .batch import MODEL_INPUTS, pack_rows, unpack
 
 __all__ = ["PackAlgorithm", "PackRunner", "PackRunnerConfig", "PackRunnerStats"]
@@ -123,9 +125,6 @@ class _Request:
         self.future: Future[Any] = Future()
 
 
-_STOP = object()
-
-
 class _Batch:
     """Requests placed into ``batch_size`` rows of ``max_seq_len`` tokens."""
 
@@ -190,12 +189,21 @@ class PackRunner:
     def __init__(self, model: Callable[..., Any], config: PackRunnerConfig) -> None:
         self.model = model
         self.config = config
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_size)
-        self._lock = threading.Lock()
-        self._closed = False
         self._counts = [0, 0, 0]  # batches, requests, tokens
-        self._thread = threading.Thread(target=self._loop, name="PackRunner", daemon=True)
-        self._thread.start()
+        self._batcher = Batcher(
+            _Packer(self),
+            max_queue=config.queue_size,
+            timeout_s=config.timeout_microseconds / 1e6,
+            max_held=config.batch_size,  # that many waiting for room: run what fits
+            on_failure=fail_all,
+            name="PackRunner",
+            drain=True,
+            join_timeout_s=None,  # close() runs every queued request
+        )
+
+    @property
+    def _thread(self) -> threading.Thread:
+        return self._batcher.threads[0]
 
     def execute_async(
         self, sample: Mapping[str, Any], timeout: float | None = None
@@ -222,17 +230,17 @@ class PackRunner:
                 "larger max_seq_len"
             )
         request = _Request(sample, length)
-        # Checked and queued under one lock, so nothing can be queued behind close()'s stop.
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("PackRunner is closed: create a new runner to run requests")
-            try:
-                self._queue.put(request, timeout=timeout)
-            except queue.Full:
-                raise TimeoutError(
-                    f"PackRunner's queue stayed full ({self.config.queue_size} requests) for "
-                    f"{timeout} s: wait for results, or raise PackRunnerConfig.queue_size"
-                ) from None
+        try:
+            self._batcher.submit(request, timeout)
+        except Closed:
+            raise RuntimeError(
+                "PackRunner is closed: create a new runner to run requests"
+            ) from None
+        except queue.Full:
+            raise TimeoutError(
+                f"PackRunner's queue stayed full ({self.config.queue_size} requests) for "
+                f"{timeout} s: wait for results, or raise PackRunnerConfig.queue_size"
+            ) from None
         return request.future
 
     def execute(self, sample: Mapping[str, Any]) -> Any:
@@ -248,12 +256,7 @@ class PackRunner:
 
     def close(self) -> None:
         """Run every queued request, then stop and join the batching thread."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._queue.put(_STOP)
-        self._thread.join()
+        self._batcher.close(lambda: RuntimeError("PackRunner closed before this request ran"))
 
     def __enter__(self) -> PackRunner:
         return self
@@ -261,66 +264,37 @@ class PackRunner:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _loop(self) -> None:
-        waiting: list[_Request] = []  # taken from the queue, not run yet, oldest first
-        stopping = False
-        while waiting or not stopping:
-            if not waiting:
-                item = self._queue.get()
-                if item is _STOP:
-                    break
-                waiting.append(item)
-            batch = _Batch(self.config)
-            skipped = []
-            for request in waiting:
-                if batch.full or not batch.add(request):
-                    skipped.append(request)
-            deadline = time.monotonic() + self.config.timeout_microseconds / 1e6
-            while not (batch.full or stopping or len(skipped) >= self.config.batch_size):
-                item = self._next(deadline)
-                if item is None:
-                    break
-                if item is _STOP:
-                    stopping = True
-                elif not batch.add(item):
-                    skipped.append(item)
-            waiting = skipped
-            self._run(batch)
-
-    def _next(self, deadline: float) -> Any:
-        remaining = deadline - time.monotonic()
-        try:
-            if remaining <= 0:
-                return self._queue.get_nowait()
-            return self._queue.get(timeout=remaining)
-        except queue.Empty:
-            return None
-
-    def _run(self, batch: _Batch) -> None:
+    def _run(self, batch: _Batch) -> list[Any]:
+        """One model call on the packed rows; each request's own outputs."""
         live = [r.future.set_running_or_notify_cancel() for r in batch.requests]
-        try:
-            cfg = self.config
-            rows = batch.rows + [[]] * (cfg.batch_size - len(batch.rows))
-            packed = pack_rows(
-                [r.sample for r in batch.requests],
-                rows,
-                cfg.max_seq_len,
-                cfg.max_sequences_per_pack,
-                label_keys=(),
-            )
-            outputs = self.model(*(packed.inputs[k] for k in MODEL_INPUTS))
-            results = unpack(outputs, packed.info)
-        except BaseException as error:  # every waiting caller must hear of it
-            for request, ok in zip(batch.requests, live):
-                if ok:
-                    request.future.set_exception(error)
-            return
+        cfg = self.config
+        rows = batch.rows + [[]] * (cfg.batch_size - len(batch.rows))
+        packed = pack_rows(
+            [r.sample for r in batch.requests],
+            rows,
+            cfg.max_seq_len,
+            cfg.max_sequences_per_pack,
+            label_keys=(),
+        )
+        outputs = self.model(*(packed.inputs[k] for k in MODEL_INPUTS))
+        results = unpack(outputs, packed.info)
         self._counts[0] += 1
         self._counts[1] += len(batch.requests)
         self._counts[2] += sum(r.length for r in batch.requests)
-        for i, (request, ok) in enumerate(zip(batch.requests, live)):
-            if ok:
-                request.future.set_result(_detach(results[i]))
+        return [_detach(results[i]) if ok else None for i, ok in enumerate(live)]
+
+
+class _Packer:
+    """``PackRunner``'s batches for the ``Batcher``: packed rows, run by the runner."""
+
+    def __init__(self, runner: PackRunner) -> None:
+        self.runner = runner
+
+    def open(self) -> _Batch:
+        return _Batch(self.runner.config)
+
+    def call(self, batch: _Batch) -> list[Any]:
+        return self.runner._run(batch)
 
 
 def _request_length(sample: Mapping[str, Any]) -> int:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .trace import TraceEvent
+from .trace import TraceEvent, TraceRecorder
 
-__all__ = ["utilisation", "busy_fraction", "plot_utilisation"]
+__all__ = ["utilisation", "busy_fraction", "plot_utilisation", "write_report"]
 
 
 def _label(e: TraceEvent) -> str:
@@ -88,3 +88,10 @@ def plot_utilisation(events: list[TraceEvent], path: str | Path, bins: int = 50)
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target, dpi=100)
     return target
+
+
+def write_report(trace: TraceRecorder, path: str) -> None:
+    """Write the trace (Chrome-trace JSON) and its utilisation plot beside it (``.png``)."""
+    written = trace.write(path)
+    plot = plot_utilisation(trace.events, written.with_suffix(".png"))
+    print(f"poptorch_sim: utilisation plot written to {plot}")

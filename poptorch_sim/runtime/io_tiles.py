@@ -22,7 +22,7 @@ the store). Load and store are real copies, not sleeps: every input leaf is copi
 device buffer, converting float64 to float32 as the host does for an IPU, and every output leaf
 into a new host tensor with the IPU's int64 → int32 / float64 → float32 demotion. On CUDA both
 copies go through pinned host memory on a CUDA stream of their own, ordered with the compute
-stream by events.
+stream by events (``cuda_copies.py``).
 
 How ``numIOTiles`` maps onto threads: the IPU's intra-op threads (``threads``) are shared in
 proportion to tiles. The compute thread keeps ``round(threads × (1472 − n) / 1472)`` (at least
@@ -41,7 +41,6 @@ import atexit
 import math
 import queue
 import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,17 +49,15 @@ from typing import Any
 import torch
 
 from ..errors import Error
-from ..logger import logger
 from ..profiling.trace import TraceRecorder
-from ..profiling.utilisation import plot_utilisation
-from .dtypes import device_dtype, host_dtype
+from ..profiling.utilisation import write_report
+from .cuda_copies import Copies
 from .intra_op import restore_default_threads, set_worker_threads
+from .threads import JOIN_TIMEOUT_S, POLL_S, attempt, join_all, polled_put, start_thread
 
-__all__ = ["IoTiles", "TILES_PER_IPU", "thread_split", "write_report"]
+__all__ = ["IoTiles", "TILES_PER_IPU", "thread_split"]
 
 TILES_PER_IPU = 1472  # a Mk2 GC200
-POLL_S = 0.05  # how often a blocked wait re-checks for close()
-JOIN_TIMEOUT_S = 10.0
 STOP: Any = "STOP"
 
 Compute = Callable[[Any, int], list[Any]]
@@ -189,18 +186,11 @@ class IoTiles:
         if not overlap:  # just in time: every phase on the compute thread, with all its threads
             phases = [_Phase("serial", (load, compute_step, store), self._to_load, None, threads)]
         ready = threading.Semaphore(0)
+        main_threads = torch.get_num_threads()
         self._threads = [
-            threading.Thread(
-                target=pipeline.loop,
-                args=(p, ready),
-                name=f"poptorch_sim IPU {ipu} {p.name}",
-                daemon=True,
-            )
+            start_thread(pipeline.loop, f"poptorch_sim IPU {ipu} {p.name}", p, ready)
             for p in phases
         ]
-        main_threads = torch.get_num_threads()
-        for thread in self._threads:
-            thread.start()
         for _ in self._threads:
             ready.acquire(timeout=JOIN_TIMEOUT_S)
         restore_default_threads(main_threads)  # See [Note: per-thread intra-op threads]
@@ -267,7 +257,7 @@ class _Pipeline:
     ) -> None:
         self._compute, self._map = compute, map_tensors
         self.device, self.ipu, self.trace, self.stop = device, ipu, trace, stop
-        self._streams = _Streams(device)
+        self._copies = Copies(device)
 
     def loop(self, phase: _Phase, ready: threading.Semaphore) -> None:
         """A phase's thread: run its steps on each micro-batch of its inbox until STOP."""
@@ -284,24 +274,14 @@ class _Pipeline:
             for name, work in phase.work:
                 if item.call.error is not None:
                     break
-                try:
-                    self._timed(name, item, work)
-                except BaseException as exc:  # reported to the item's caller, never raised here
+                ok, exc = attempt(self._timed, name, item, work)
+                if not ok:  # reported to the item's caller, never raised here
                     item.call.fail(_describe(self.ipu, name, item.index, exc))
             if item.call.error is not None or phase.outbox is None:
                 item.values = None
                 item.call.finish_one()
-            elif not self._hand_over(phase.outbox, item):
+            elif not polled_put(phase.outbox, item, self.stop):
                 return
-
-    def _hand_over(self, outbox: queue.Queue[_Item], item: _Item) -> bool:
-        while not self.stop.is_set():
-            try:
-                outbox.put(item, timeout=POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
 
     def _timed(self, name: str, item: _Item, work: Callable[[_Item], None]) -> None:
         if self.trace is None:
@@ -313,76 +293,21 @@ class _Pipeline:
             work(item)
 
     def load(self, item: _Item) -> None:
-        item.values = self._map(item.values, lambda t: self._streams.load(t, item))
+        item.values = self._map(item.values, self._copies.load)
 
     def compute(self, item: _Item) -> None:
-        self._streams.before_compute(item)
+        self._copies.before_compute()
         with torch.no_grad():
             item.values = self._compute(item.values, item.replica)
-        self._streams.after_compute(item)
+        self._copies.after_compute(item.events)
 
     def store(self, item: _Item) -> None:
-        item.values = [
-            self._streams.store(v, item) if isinstance(v, torch.Tensor) else v for v in item.values
+        stored = [
+            self._copies.store(v, item.events) if isinstance(v, torch.Tensor) else v
+            for v in item.values
         ]
-        self._streams.finish_store(item)
+        item.values = self._copies.finish_store(stored)
         item.call.results[item.index] = item.values
-
-
-class _Streams:
-    """The copies themselves: plain copies on the CPU; pinned memory and side streams on CUDA."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.load_stream = torch.cuda.Stream(device)
-            self.store_stream = torch.cuda.Stream(device)
-
-    def load(self, host: torch.Tensor, item: _Item) -> torch.Tensor:
-        target = device_dtype(host.dtype)
-        host = host.detach()
-        if not self.cuda:
-            return torch.empty(host.shape, dtype=target, device=self.device).copy_(host)
-        pinned = torch.empty(host.shape, dtype=host.dtype, pin_memory=True).copy_(host)
-        with torch.cuda.stream(self.load_stream):
-            buffer = torch.empty(host.shape, dtype=target, device=self.device)
-            buffer.copy_(pinned, non_blocking=True)
-        buffer.record_stream(torch.cuda.default_stream(self.device))  # computed on there
-        return buffer
-
-    def before_compute(self, item: _Item) -> None:
-        if self.cuda:
-            loaded = torch.cuda.Event()
-            loaded.record(self.load_stream)
-            torch.cuda.current_stream(self.device).wait_event(loaded)
-
-    def after_compute(self, item: _Item) -> None:
-        if self.cuda:
-            computed = torch.cuda.Event()
-            computed.record(torch.cuda.current_stream(self.device))
-            item.events.append(computed)
-
-    def store(self, value: torch.Tensor, item: _Item) -> torch.Tensor:
-        target = host_dtype(value.dtype)
-        value = value.detach()
-        if not (self.cuda and value.is_cuda):
-            return torch.empty(value.shape, dtype=target).copy_(value)
-        host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
-        with torch.cuda.stream(self.store_stream):
-            for event in item.events:
-                self.store_stream.wait_event(event)
-            value.record_stream(self.store_stream)
-            host.copy_(value, non_blocking=True)
-        return host  # converted in finish_store, once the copy landed
-
-    def finish_store(self, item: _Item) -> None:
-        if self.cuda:
-            self.store_stream.synchronize()
-            item.values = [
-                v.to(host_dtype(v.dtype)) if isinstance(v, torch.Tensor) else v
-                for v in item.values
-            ]
 
 
 def _describe(ipu: int, phase: str, index: int, exc: BaseException) -> BaseException:
@@ -400,7 +325,7 @@ def _describe(ipu: int, phase: str, index: int, exc: BaseException) -> BaseExcep
 def _shutdown(
     stop: threading.Event,
     inboxes: list[queue.Queue[Any]],
-    threads: list[threading.Thread],
+    workers: list[threading.Thread],
     trace: TraceRecorder | None,
     report: str | None,
 ) -> None:
@@ -410,18 +335,6 @@ def _shutdown(
             inbox.put_nowait(STOP)
         except queue.Full:
             pass  # its thread is busy and sees ``stop`` after this item
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    for thread in threads:
-        if thread is not threading.current_thread():
-            thread.join(max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                logger.warning("%s did not stop within %.0f s", thread.name, JOIN_TIMEOUT_S)
+    join_all(workers)
     if trace is not None and report is not None and trace.events:
         write_report(trace, report)
-
-
-def write_report(trace: TraceRecorder, path: str) -> None:
-    """Write the trace (Chrome-trace JSON) and its utilisation plot beside it (``.png``)."""
-    written = trace.write(path)
-    plot = plot_utilisation(trace.events, written.with_suffix(".png"))
-    print(f"poptorch_sim: utilisation plot written to {plot}")

@@ -25,52 +25,17 @@ from ..logger import logger
 from ..profiling.trace import TraceRecorder
 from ..program import StagedProgram
 from .cores import CoreShare
-from .failure import StageFailure
 from .intra_op import pinned_threads_per_ipu, restore_default_threads
+from .pool import default_devices, make_workers, start_workers, stop_workers
 from .routes import HOST, routes_of
 from .schedules import SCHEDULES, Schedule, make_schedule
 from .stage import StageExecutor, prepare_backward
-from .worker import (
-    POLL_S,
-    STOP,
-    Abort,
-    Failed,
-    Finished,
-    IpuWorker,
-    Job,
-    Output,
-    Ready,
-    Transfer,
-)
+from .threads import POLL_S
+from .worker import Abort, Failed, Finished, IpuWorker, Job, Output, Transfer
 
 __all__ = ["PipelineRuntime", "default_devices"]
 
-START_TIMEOUT_S = 60.0  # workers must report ready within this
 ABORT_GRACE_S = 30.0  # how long a failing run waits for the other workers to stop
-JOIN_TIMEOUT_S = 10.0  # per thread, on close
-
-
-def default_devices(ipus: list[int]) -> dict[int, torch.device]:
-    """IPU ``i`` → ``cuda:(i mod n)`` when CUDA has ``n`` devices, else the CPU."""
-    if torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        return {ipu: torch.device("cuda", ipu % count) for ipu in ipus}
-    return {ipu: torch.device("cpu") for ipu in ipus}
-
-
-def _shutdown(workers: list[IpuWorker]) -> None:
-    """Stop and join every worker thread (also run by the finalizer if ``close`` was skipped)."""
-    for worker in workers:
-        worker.inbox.put(STOP)
-    for worker in workers:
-        if worker.thread.is_alive() and worker.thread is not threading.current_thread():
-            worker.thread.join(JOIN_TIMEOUT_S)
-            if worker.thread.is_alive():
-                logger.warning(
-                    "IPU %d worker did not stop within %.0f s (a stage is still computing)",
-                    worker.ipu,
-                    JOIN_TIMEOUT_S,
-                )
 
 
 class PipelineRuntime:
@@ -136,10 +101,18 @@ class PipelineRuntime:
         self._given = dict(self.cores.threads)  # the split the workers run with
         self._cpu_s: dict[int, float] = {}  # per IPU, the current run's (see Finished.cpu_s)
         self._reports: queue.Queue[tuple[bool, Any]] = queue.Queue()
-        self._workers = self._make_workers(ipus)
+        self._workers = make_workers(
+            program,
+            self.routes,
+            self.devices,
+            self.cores.threads,
+            self._reports,
+            trace,
+            training=training,
+        )
         self._by_stage = {spec.index: self._workers[spec.ipu] for spec in program.stages}
         workers = list(self._workers.values())
-        self._finalizer = weakref.finalize(self, _shutdown, workers)
+        self._finalizer = weakref.finalize(self, stop_workers, workers)
         self._schedules: dict[int, Schedule] = {}
         self._run_id = 0
         self._pending: set[int] = set()  # IPUs whose worker has not finished the current run
@@ -170,63 +143,15 @@ class PipelineRuntime:
             raise Error(f"devices has no entry for IPUs {missing} (given: {sorted(devices)})")
         return {ipu: torch.device(devices[ipu]) for ipu in ipus}
 
-    def _make_workers(self, ipus: list[int]) -> dict[int, IpuWorker]:
-        workers: dict[int, IpuWorker] = {}
-        for ipu in ipus:
-            executors = {}
-            for spec in self.program.stages:
-                if spec.ipu != ipu:
-                    continue
-                spec.module.to(self.devices[ipu])
-                from_stages = frozenset(
-                    name for name in spec.inputs if self.routes.producer[name] != HOST
-                )
-                executors[spec.index] = StageExecutor(
-                    spec,
-                    training=self.training,
-                    loss_name=self.program.loss_name,
-                    from_stages=from_stages,
-                    recompute=bool(self.program.meta.get("recompute", False)),
-                )
-            workers[ipu] = IpuWorker(
-                ipu,
-                executors,
-                self.routes,
-                self.devices[ipu],
-                self.cores.threads[ipu],
-                self._reports,
-                self.trace,
-            )
-        for worker in workers.values():
-            worker.peers = {s.index: workers[s.ipu].inbox for s in self.program.stages}
-        return workers
-
     def _start(self, workers: list[IpuWorker]) -> None:
-        """Start the threads and wait until each has set its intra-op threads."""
-        for worker in workers:
-            worker.thread.start()
-        waiting, deadline = {w.ipu for w in workers}, time.monotonic() + START_TIMEOUT_S
+        """Start the workers; close the runtime if one of them fails to."""
         try:
-            while waiting:
-                if time.monotonic() > deadline:
-                    raise Error(
-                        f"IPU workers {sorted(waiting)} did not start within "
-                        f"{START_TIMEOUT_S:.0f} s"
-                    )
-                try:
-                    ok, payload = self._reports.get(timeout=POLL_S)
-                except queue.Empty:
-                    continue
-                if not ok:
-                    failure: StageFailure = payload.failure
-                    raise failure.error() from failure.exc
-                if isinstance(payload, Ready):
-                    waiting.discard(payload.ipu)
+            start_workers(workers, self._reports)
         except BaseException:
             self.close()
             raise
         finally:
-            restore_default_threads(self._main_threads)  # See [Note: per-thread intra-op ...]
+            restore_default_threads(self._main_threads)  # See [Note: per-thread intra-op threads]
 
     # -- public API ----------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ Workers never raise across threads: every outcome goes on the shared report queu
 ``(ok, payload)`` — ``(True, Ready | Output | Finished)`` or ``(False, Failed)`` — and the caller
 decides what to raise (``pipeline.py``). Program outputs travel inside ``Finished`` unless the
 run is serial (see ``IpuWorker._report``). Every blocking wait in a worker either has a timeout
-after which it checks the run's abort flag, or is woken by a pill (``STOP``, ``Abort``).
+(``threads.POLL_S``) after which it checks the run's abort flag, or is woken by a pill
+(``STOP``, ``Abort``). See [Note: worker threads].
 
 Messages in a worker's inbox::
 
@@ -31,10 +32,10 @@ from .failure import StageFailure, graph_node_of
 from .intra_op import set_worker_threads
 from .routes import HOST, Routes
 from .stage import StageExecutor
+from .threads import POLL_S, attempt
 
 __all__ = [
     "STOP",
-    "POLL_S",
     "Job",
     "Transfer",
     "Abort",
@@ -45,7 +46,6 @@ __all__ = [
     "IpuWorker",
 ]
 
-POLL_S = 0.1  # how often a blocked wait re-checks the abort flag
 STOP = "STOP"
 
 Values = dict[str, torch.Tensor | None]
@@ -178,11 +178,8 @@ class IpuWorker:
     # -- thread body ----------------------------------------------------------------------------
 
     def _main(self) -> None:
-        try:
-            set_worker_threads(self.threads)
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-        except BaseException as exc:  # reported, never raised across threads
+        ok, exc = attempt(self._start_up)
+        if not ok:  # reported, never raised across threads
             failure = StageFailure(min(self.stages), self.ipu, None, "worker start-up", exc)
             self.reports.put((False, Failed(0, failure)))
             return
@@ -193,6 +190,11 @@ class IpuWorker:
                 return
             if isinstance(msg, Job) and not self._run(msg):
                 return
+
+    def _start_up(self) -> None:
+        set_worker_threads(self.threads)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
 
     def _run(self, job: Job) -> bool:
         """Run one job; returns False when the thread must leave (STOP arrived)."""

@@ -15,16 +15,15 @@ and stored at the same time, three deep, which is why PopRT asks for at least th
 threads; without IO tiles the model runs one call at a time.
 
 A request that fails in the model is retried alone, so its error reaches its caller only; the
-runner keeps serving the others.
+runner keeps serving the others. The queue, the gathering, ``close`` and that retry are the
+``Batcher``'s (See [Note: the batching service]); this module says what a batch of rows is.
 """
 
 from __future__ import annotations
 
-import collections
 import datetime
 import queue
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -33,13 +32,10 @@ from ..enums import OutputMode
 from ..errors import Error
 from ..executor.executor import PoplarExecutor
 from ..executor.layout import batch_layout, check_batch
-from ..logger import logger
+from .batcher import Batcher, Closed, retry_alone
 from .requests import Request, Signature, join, split
 
 __all__ = ["Runner", "RuntimeConfig"]
-
-POLL_S = 0.05  # how often an idle feeder re-checks for close()
-JOIN_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -100,16 +96,16 @@ class Runner:
         self.slots = batch_layout(model.options, False).micro_batches
         self._signature: Signature | None = None
         self._sign_lock = threading.Lock()
-        self._requests: queue.Queue[Request] = queue.Queue(maxsize=config.max_queue)
-        self._carry: collections.deque[Request] = collections.deque()
-        self._gather_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._feeders = [
-            threading.Thread(target=self._feed, name=f"poptorch_sim feeder {i}", daemon=True)
-            for i in range(config.max_in_flight)
-        ]
-        for feeder in self._feeders:
-            feeder.start()
+        self._batcher = Batcher(
+            _Slots(self),
+            max_queue=config.max_queue,
+            timeout_s=config.timeout_s(),
+            max_held=1,  # a request that does not fit opens the next batch at once
+            on_failure=retry_alone,
+            feeders=config.max_in_flight,
+            name="poptorch_sim feeder",
+            drain=False,
+        )
 
     # -- callers ----------------------------------------------------------------------------------
 
@@ -122,12 +118,14 @@ class Runner:
             Error: the request does not fit the runner (bad rows, dtype, structure), the queue
                 stayed full for ``submit_timeout_s``, or the runner is closed.
         """
-        if self._stop.is_set():
-            raise Error("this Runner is closed; create a new one")
+        if self._batcher.stop.is_set():
+            raise _closed()
         bound = self.model._parser(args, kwargs)
         request = Request(bound, self._signature_for(bound).check(bound))
         try:
-            self._requests.put(request, timeout=self.config.submit_timeout_s)
+            self._batcher.submit(request, self.config.submit_timeout_s)
+        except Closed:
+            raise _closed() from None
         except queue.Full:
             raise Error(
                 f"the request queue is full ({self.config.max_queue} requests waiting for "
@@ -148,23 +146,7 @@ class Runner:
 
     def close(self) -> None:
         """Finish the requests already taken, fail the waiting ones, join the feeders."""
-        self._stop.set()
-        for feeder in self._feeders:
-            if feeder is not threading.current_thread():
-                feeder.join(JOIN_TIMEOUT_S)
-                if feeder.is_alive():
-                    logger.warning("%s did not stop within %.0f s", feeder.name, JOIN_TIMEOUT_S)
-        left = list(self._carry)
-        while True:
-            try:
-                left.append(self._requests.get_nowait())
-            except queue.Empty:
-                break
-        for request in left:
-            if request.future.set_running_or_notify_cancel():
-                request.future.set_exception(
-                    Error("the Runner was closed before this request ran")
-                )
+        self._batcher.close(lambda: Error("the Runner was closed before this request ran"))
 
     def __enter__(self) -> Runner:
         return self
@@ -179,73 +161,46 @@ class Runner:
                 self._signature = Signature(bound, mb, self.slots)
             return self._signature
 
-    # -- feeders ----------------------------------------------------------------------------------
-
-    def _feed(self) -> None:
-        while not self._stop.is_set():
-            with self._gather_lock:
-                batch = self._gather()
-            if batch:
-                self._serve(batch)
-
-    def _next(self, timeout: float) -> Request | None:
-        if self._carry:
-            return self._carry.popleft()
-        try:
-            return (
-                self._requests.get(timeout=timeout) if timeout > 0 else self._requests.get_nowait()
-            )
-        except queue.Empty:
-            return None
-
-    def _gather(self) -> list[Request]:
-        """Requests for one model call, in arrival order (cancelled ones dropped)."""
-        first = self._next(POLL_S)
-        if first is None or not first.future.set_running_or_notify_cancel():
-            return []
-        batch, used = [first], first.slots
-        deadline = _now() + self.config.timeout_s()
-        while used < self.slots:
-            request = self._next(max(0.0, deadline - _now()))
-            if request is None:
-                break
-            if request.slots > self.slots - used:
-                self._carry.appendleft(request)  # first in the next batch
-                break
-            if request.future.set_running_or_notify_cancel():
-                batch.append(request)
-                used += request.slots
-        return batch
-
-    def _serve(self, batch: list[Request]) -> None:
-        try:
-            shares = self._call(batch)
-        except BaseException as exc:
-            if len(batch) == 1:
-                batch[0].future.set_exception(exc)
-            else:  # find whose request failed: each alone
-                for request in batch:
-                    self._serve_alone(request)
-            return
-        for request, share in zip(batch, shares):
-            request.future.set_result(share)
-
-    def _serve_alone(self, request: Request) -> None:
-        try:
-            share = self._call([request])[0]
-        except BaseException as exc:
-            request.future.set_exception(exc)
-            return
-        request.future.set_result(share)
-
-    def _call(self, batch: list[Request]) -> list[Any]:
+    def _call(self, requests: list[Request]) -> list[Any]:
         assert self._signature is not None
-        joined = join(batch, self._signature)
-        return split(self.model(*joined.args, **joined.kwargs), batch, self.slots)
+        joined = join(requests, self._signature)
+        return split(self.model(*joined.args, **joined.kwargs), requests, self.slots)
 
 
-def _now() -> float:
-    return time.monotonic()
+class _Slots:
+    """``Runner``'s batches: requests fill the ``N`` micro-batch slots of one model call in
+    arrival order; a cancelled request is dropped when its turn comes."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+
+    def open(self) -> _SlotBatch:
+        return _SlotBatch(self.runner.slots)
+
+    def call(self, batch: _SlotBatch) -> list[Any]:
+        return self.runner._call(batch.requests)
+
+
+class _SlotBatch:
+    def __init__(self, slots: int) -> None:
+        self.slots, self.used = slots, 0
+        self.requests: list[Request] = []
+
+    @property
+    def full(self) -> bool:
+        return self.used >= self.slots
+
+    def add(self, request: Request) -> bool:
+        if request.slots > self.slots - self.used:
+            return False
+        if request.future.running() or request.future.set_running_or_notify_cancel():
+            self.requests.append(request)
+            self.used += request.slots
+        return True
+
+
+def _closed() -> Error:
+    return Error("this Runner is closed; create a new one")
 
 
 def _check_model(model: Any) -> None:

@@ -1,6 +1,6 @@
 """Generic fused optimizer steps (SGD, Adam/AdamW, RMSprop, LAMB) and ``grad_norm``.
 
-Each step follows its C++ kernel (``csrc/optimizer.cpp``) operation for operation: operands
+Each step follows its C++ kernel (``csrc/optim/optimizer.cpp``) operation for operation: operands
 are widened to float32, the gradient is divided by the loss scaling, multiplied by the clip
 coefficient and negated when maximising, then the element formula runs in the kernel's order
 with the same float32 constants (computed in double, rounded once, as the C++ code does), and

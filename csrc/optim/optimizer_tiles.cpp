@@ -1,9 +1,9 @@
 // The fused optimizers' element loops: see optimizer_tiles.h.
-#include "optimizer_tiles.h"
+#include "optim/optimizer_tiles.h"
 
 #include <immintrin.h>
 
-#include "simd.h"
+#include "common/simd.h"
 
 namespace poptorch_sim {
 namespace optim {

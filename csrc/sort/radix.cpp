@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "sort.h"
+#include "sort/sort.h"
 
 namespace poptorch_sim {
 namespace sorting {

@@ -1,6 +1,6 @@
 // Tile engine state: the simulated tile count and the per-kernel counter table.
 // See [Note: tile engine] in tile_engine.h.
-#include "tile_engine.h"
+#include "engine/tile_engine.h"
 
 #include <algorithm>
 #include <array>

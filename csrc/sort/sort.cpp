@@ -1,9 +1,6 @@
 // poptorch_sim::sort and ::argsort: torch.sort's contract, sorted over the tile engine.
-// See [Note: sort keys] in sort.h, [Note: scatter sort] in scatter_sort.h, [Note: tile engine].
-#include "scatter_sort.h"
-
-#include "bitonic.h"
-
+// See [Note: sort keys] in sort.h, [Note: scatter sort] in scatter_sort.h, [Note: tile engine]
+// in engine/tile_engine.h.
 #include <cstdlib>
 #include <memory>
 #include <tuple>
@@ -11,8 +8,10 @@
 #include <ATen/WrapDimUtils.h>
 #include <torch/library.h>
 
-#include "output_cache.h"
-#include "sort_dispatch.h"
+#include "engine/output_cache.h"
+#include "sort/bitonic.h"
+#include "sort/scatter_sort.h"
+#include "sort/sort_dispatch.h"
 
 namespace poptorch_sim {
 namespace sorting {
@@ -280,6 +279,12 @@ std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, boo
 
 }  // namespace sorting
 }  // namespace poptorch_sim
+
+TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
+  m.def(
+      "sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)");
+  m.def("argsort(Tensor self, int dim=-1, bool descending=False) -> Tensor");
+}
 
 TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
   m.impl("sort", &poptorch_sim::sorting::sort_cpu);

@@ -17,8 +17,8 @@
 
 #include <torch/library.h>
 
-#include "simd.h"
-#include "sort.h"
+#include "common/simd.h"
+#include "sort/sort.h"
 
 namespace poptorch_sim {
 namespace nms {
@@ -334,6 +334,11 @@ at::Tensor batched_nms_cpu(
 }  // namespace
 }  // namespace nms
 }  // namespace poptorch_sim
+
+TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
+  m.def("nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor");
+  m.def("batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor");
+}
 
 TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
   m.impl("nms", &poptorch_sim::nms::nms_cpu);

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "scatter_sort.h"
+#include "sort/scatter_sort.h"
 
 namespace poptorch_sim {
 namespace sorting {

@@ -1,5 +1,5 @@
 // SIMD level detection and the cap: see [Note: SIMD variants] in simd.h.
-#include "simd.h"
+#include "common/simd.h"
 
 #include <algorithm>
 #include <atomic>

@@ -12,10 +12,10 @@
 // small parameters costs one parallel loop, not one per parameter.
 //
 // The element loops are plain C++ compiled once per SIMD level (see [Note: SIMD variants] in
-// simd.h), picked at run time. Where
-// ATen's vectorised kernels fuse a multiply-add (`add(x, y, alpha)`, `lerp`) the loops call
-// fmaf explicitly, so the numbers follow torch.optim's closely; a variant is deterministic
-// per element, independent of the element's position in a tile or chunk.
+// common/simd.h), picked at run time. Where ATen's vectorised kernels fuse a multiply-add
+// (`add(x, y, alpha)`, `lerp`) the loops call fmaf explicitly, so the numbers follow
+// torch.optim's closely; a variant is deterministic per element, independent of the element's
+// position in a tile or chunk.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -85,9 +85,9 @@ void for_each_tile_all(
 // Sum of squares of `x[0:n)` over 8 fixed lanes, in double; see [Note: optimizer tiles].
 double sum_squares(const float* x, int64_t n);
 
-// The fused updates (schemas and semantics: the TORCH_LIBRARY_FRAGMENT in optimizer.cpp). Also
-// bound directly as Python functions (bindings.cpp), whose argument conversion costs far less
-// per tensor than the dispatcher's for lists of thousands of parameters.
+// The fused updates (schemas: optim/ops.h; semantics: optimizer.cpp). Also bound directly as
+// Python functions (module.cpp), whose argument conversion costs less per tensor than the
+// dispatcher's for lists of thousands of parameters.
 void sgd_step(
     at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, double lr,
     double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,

@@ -1,10 +1,11 @@
-// The poptorch_sim operator library: schemas of the tile-engine, sorting and NMS ops.
-// Accumulation and optimizer ops add theirs with TORCH_LIBRARY_FRAGMENT in their own files.
+// The tile engine's ops: its counters, its tile count and the SIMD level of each kernel family.
+// Each family of ops (engine, sort, optim) defines its schemas with TORCH_LIBRARY_FRAGMENT in
+// the file of its kernels.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "simd.h"
-#include "tile_engine.h"
+#include "common/simd.h"
+#include "engine/tile_engine.h"
 
 namespace poptorch_sim {
 namespace {
@@ -51,15 +52,7 @@ std::string engine_simd_family_level(std::string family) {
 }  // namespace
 }  // namespace poptorch_sim
 
-TORCH_LIBRARY(poptorch_sim, m) {
-  m.def(
-      "sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)");
-  m.def("argsort(Tensor self, int dim=-1, bool descending=False) -> Tensor");
-  m.def(
-      "topk(Tensor self, int k, int dim=-1, bool largest=True, bool sorted=True) "
-      "-> (Tensor values, Tensor indices)");
-  m.def("nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor");
-  m.def("batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor");
+TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
   m.def("engine_counters() -> (str[] kernels, str[] fields, Tensor table)",
         &poptorch_sim::engine_counters);
   m.def("engine_reset_counters() -> ()", &poptorch_sim::engine_reset_counters);

@@ -3,7 +3,7 @@
 
 #include <ATen/ATen.h>
 
-#include "sort.h"
+#include "sort/sort.h"
 
 namespace poptorch_sim {
 namespace sorting {

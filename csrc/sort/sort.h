@@ -22,8 +22,8 @@
 
 #include <ATen/ATen.h>
 
-#include "bitonic.h"
-#include "tile_engine.h"
+#include "engine/tile_engine.h"
+#include "sort/bitonic.h"
 
 namespace poptorch_sim {
 namespace sorting {

@@ -5,16 +5,17 @@
 // divided by it, then multiplied by the clip coefficient, exactly as
 // `p.grad /= loss_scaling; clip_grad_norm_(...); opt.step()` would; the element formulas and
 // their operation order follow torch/optim/*.py (`foreach=False`). See [Note: optimizer tiles].
-#include "optimizer.h"
-#include "optimizer_tiles.h"
-#include "tile_engine.h"
-
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#include "engine/tile_engine.h"
+#include "optim/ops.h"
+#include "optim/optimizer.h"
+#include "optim/optimizer_tiles.h"
 
 namespace poptorch_sim {
 namespace optim {
@@ -338,37 +339,19 @@ at::Tensor grad_norm(at::TensorList grads, double loss_scaling) {
 }  // namespace optim
 }  // namespace poptorch_sim
 
+// The steps' schemas and kernels come from their table (optim/ops.h), which module.cpp binds
+// as Python functions too.
 TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
-  m.def(
-      "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, *, "
-      "float lr, float momentum, float dampening, float weight_decay, bool nesterov, "
-      "bool maximize, bool first_step, float loss_scaling, float clip_coef, "
-      "int chunk_elements) -> ()");
-  m.def(
-      "adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
-      "Tensor(c!)[] exp_avg_sqs, float[] steps, *, float lr, float beta1, float beta2, "
-      "float eps, float weight_decay, bool decoupled_weight_decay, bool bias_correction, "
-      "bool maximize, float loss_scaling, float clip_coef, int chunk_elements) -> ()");
-  m.def(
-      "rmsprop_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] square_avgs, "
-      "Tensor(c!)[] momentum_buffers, Tensor(d!)[] grad_avgs, *, float lr, float alpha, "
-      "float eps, float weight_decay, float momentum, bool centered, bool maximize, "
-      "bool use_tf_variant, float loss_scaling, float clip_coef, int chunk_elements) -> ()");
-  m.def(
-      "lamb_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
-      "Tensor(c!)[] exp_avg_sqs, float[] steps, *, float lr, float beta1, float beta2, "
-      "float eps, float weight_decay, float max_weight_norm, bool bias_correction, "
-      "float loss_scaling, float clip_coef, int chunk_elements) -> ()");
+#define POPSIM_DEF(FN, RELEASE_GIL, SCHEMA) m.def(SCHEMA);
+  POPTORCH_SIM_OPTIM_OPS(POPSIM_DEF)
+#undef POPSIM_DEF
   m.def("grad_norm(Tensor[] grads, float loss_scaling) -> Tensor");
-  m.def("increment_steps_(Tensor(a!)[] steps) -> float[]");
 }
 
 TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
   using namespace poptorch_sim::optim;
-  m.impl("sgd_step_", &sgd_step);
-  m.impl("adam_step_", &adam_step);
-  m.impl("rmsprop_step_", &rmsprop_step);
-  m.impl("lamb_step_", &lamb_step);
+#define POPSIM_IMPL(FN, RELEASE_GIL, SCHEMA) m.impl(op_name(SCHEMA).c_str(), &FN);
+  POPTORCH_SIM_OPTIM_OPS(POPSIM_IMPL)
+#undef POPSIM_IMPL
   m.impl("grad_norm", &grad_norm);
-  m.impl("increment_steps_", &increment_steps);
 }

@@ -1,5 +1,5 @@
 // The output cache: see [Note: output cache] in output_cache.h.
-#include "output_cache.h"
+#include "engine/output_cache.h"
 
 #include <cstdlib>
 #include <list>

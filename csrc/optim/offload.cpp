@@ -20,8 +20,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "optimizer.h"
-#include "tile_engine.h"
+#include "engine/tile_engine.h"
+#include "optim/optimizer.h"
 
 namespace poptorch_sim {
 namespace optim {

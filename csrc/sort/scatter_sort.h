@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <functional>
 
-#include "simd.h"
-#include "sort.h"
+#include "common/simd.h"
+#include "sort/sort.h"
 
 namespace poptorch_sim {
 namespace sorting {
@@ -62,7 +62,7 @@ inline __attribute__((always_inline)) uint32_t make_keys(
   return diff;
 }
 
-// The same loops compiled for each SIMD level (see [Note: SIMD variants] in simd.h).
+// The same loops compiled for each SIMD level (see [Note: SIMD variants] in common/simd.h).
 #define POPSIM_SORT_LOOPS(SUFFIX, ATTRIBUTE)                                                  \
   template <typename Codec, typename scalar_t>                                                \
   ATTRIBUTE void write_items##SUFFIX(                                                         \

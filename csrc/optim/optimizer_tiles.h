@@ -1,10 +1,10 @@
 // The fused optimizers' element loops, one tile at a time, in every SIMD variant.
-// See [Note: optimizer tiles] in optimizer.h and [Note: SIMD variants] in simd.h.
+// See [Note: optimizer tiles] in optimizer.h and [Note: SIMD variants] in common/simd.h.
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include "optimizer.h"
+#include "optim/optimizer.h"
 
 namespace poptorch_sim {
 namespace optim {

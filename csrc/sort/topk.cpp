@@ -14,8 +14,8 @@
 #include <ATen/WrapDimUtils.h>
 #include <torch/library.h>
 
-#include "sort.h"
-#include "sort_dispatch.h"
+#include "sort/sort.h"
+#include "sort/sort_dispatch.h"
 
 namespace poptorch_sim {
 namespace sorting {
@@ -170,6 +170,12 @@ std::tuple<at::Tensor, at::Tensor> topk_cpu(
 }  // namespace
 }  // namespace sorting
 }  // namespace poptorch_sim
+
+TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
+  m.def(
+      "topk(Tensor self, int k, int dim=-1, bool largest=True, bool sorted=True) "
+      "-> (Tensor values, Tensor indices)");
+}
 
 TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
   m.impl("topk", &poptorch_sim::sorting::topk_cpu);

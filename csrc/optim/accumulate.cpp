@@ -11,9 +11,9 @@
 
 #include <algorithm>
 
-#include "optimizer.h"
-#include "simd.h"
-#include "tile_engine.h"
+#include "common/simd.h"
+#include "engine/tile_engine.h"
+#include "optim/optimizer.h"
 
 namespace poptorch_sim {
 namespace accumulate {

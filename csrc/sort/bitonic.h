@@ -1,0 +1,110 @@
+// The bitonic sorting network: whole short rows, and the in-cache base case of the long-row sorts.
+//
+// [Note: bitonic network]
+// A bitonic sorting network sorts P = 2^p items in p(p+1)/2 steps; each step compares and
+// exchanges P/2 fixed pairs of items, with no branch depending on the data, so every step is a
+// few vector instructions per W items (W = 8 lanes of 64 bits with AVX-512, 4 with AVX2, 2 in
+// the baseline build). It sorts the packed items of [Note: sort keys] (key << 32 | index): they
+// are all distinct, so the network's result is the one sorted order, the order a stable sort
+// gives, and every SIMD variant yields the same bits. The network holds them laid out as
+// doubles (see [Note: items as doubles]); rows are padded to a power of two (and to at least 2W)
+// with kPad, which sorts after every item.
+//
+// Merge stage k (k = 2, 4, ..., P) first compares item i of each block of k with its mirror
+// (block + k - 1 - i), then runs half-cleaners of distance k/4, ..., 1. A step of distance at
+// least W pairs whole vectors (the mirror step reverses one of them); steps of distance below W
+// pair lanes of one vector, and all of them for one stage run on a vector while it sits in a
+// register. With AVX2 and the baseline, those lane steps run on two vectors at once: their lanes
+// are regrouped (two permutes before each step) so that each lane step becomes a minimum and a
+// maximum of whole vectors, and put back after the last one (see lane_cleaners_pair: 12
+// instructions for both steps on two vectors, where one vector at a time took 16). The first
+// log2(W) stages sort each vector on its own.
+//
+// Rows of at least W * kRun items first sort their runs of kRun items by columns (see [Note:
+// column networks]); the stages up to a block of 8 vectors run on the block held in registers,
+// and so do the last steps of every later stage (all of distance below the block): only the
+// steps of longer distance go through memory, up to three of them per pass over the row (the
+// mirror step with the first one or two half-cleaners: the 4 or 8 vectors those compare are
+// closed under all of them). At 4096 items that is 19 passes instead of 26.
+//
+// Rows of up to kBitonicRowMax items (sort.cpp) are sorted whole by the network, one tile per
+// group of rows (rows of at most kRun items W at a time, by columns); groups of the scatter sort
+// and tiles' slices of up to kBitonicBaseMax items use it as their base case. Both limits were
+// chosen by measurement (benchmarks/RESULTS.md, "Short rows"). Float32 and int32 rows make their
+// items and write their values 2W at a time; the other dtypes one at a time through their codec.
+#pragma once
+
+// The standard headers of the network's code (the .inc files below, included into namespaces).
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "common/simd.h"
+#include "sort/bitonic/items.h"
+#include "sort/bitonic/network.h"
+#include "sort/bitonic/rows.h"
+#include "sort/bitonic/vectors.h"
+
+namespace poptorch_sim {
+namespace sorting {
+namespace bitonic {
+
+// Longest run the long-row sorts hand to the network as their base case.
+constexpr int64_t kBitonicBaseMax = 64;
+
+// The network's vector code, one file per layer (SIMD wrappers, network steps, item
+// vectors, row loops), compiled once per vector kind: see [Note: split 8-lane vectors].
+namespace native {
+constexpr bool kSplit = false;
+#include "sort/bitonic/vector_ops.inc"
+#include "sort/bitonic/steps.inc"
+#include "sort/bitonic/item_vectors.inc"
+#include "sort/bitonic/row_loops.inc"
+}  // namespace native
+
+namespace split {
+constexpr bool kSplit = true;
+// The vector types of the network's code: SplitVector where they are 64 bytes.
+template <typename Vector, typename E>
+using Split = std::conditional_t<sizeof(Vector) == 64, SplitVector<E>, Vector>;
+template <int W>
+using V = Split<bitonic::V<W>, int64_t>;
+template <int W>
+using UV = Split<bitonic::UV<W>, uint64_t>;
+template <int W>
+using V32 = Split<bitonic::V32<W>, int32_t>;
+template <int W>
+using U32 = Split<bitonic::U32<W>, uint32_t>;
+#include "sort/bitonic/vector_ops.inc"
+#include "sort/bitonic/steps.inc"
+#include "sort/bitonic/item_vectors.inc"
+#include "sort/bitonic/row_loops.inc"
+}  // namespace split
+
+// The functions above compiled for each SIMD level (see [Note: SIMD variants] in common/simd.h).
+#define POPSIM_BITONIC_VARIANT(SUFFIX, ATTRIBUTE, NETWORK, LANES)                             \
+  template <typename Codec, typename scalar_t>                                                \
+  ATTRIBUTE void sort_rows##SUFFIX(                                                           \
+      const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,           \
+      scalar_t* values, int64_t* indices, int64_t* buf) {                                     \
+    NETWORK::sort_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values, indices,  \
+                                               buf);                                          \
+  }
+POPSIM_BITONIC_VARIANT(_avx512, POPSIM_AVX512, native, 8)
+POPSIM_BITONIC_VARIANT(_avx2, POPSIM_AVX2, native, 4)
+POPSIM_BITONIC_VARIANT(_base, , native, 2)
+// The 8-lane network compiled for AVX2 (see [Note: split 8-lane vectors]), so that the AVX-512
+// variant's logic runs in the tests on CPUs without AVX-512 (sort_rows_8_lanes in sort.cpp).
+POPSIM_BITONIC_VARIANT(_8_lanes_avx2, POPSIM_AVX2, split, 8)
+#undef POPSIM_BITONIC_VARIANT
+
+// Sorts packed items[0, n), given in index order, ascending in place with the current level's
+// network; n is at most kBitonicBaseMax. Defined in bitonic.cpp.
+void sort_small(uint64_t* items, int64_t n);
+
+}  // namespace bitonic
+}  // namespace sorting
+}  // namespace poptorch_sim

@@ -1,0 +1,99 @@
+"""The IPU workers of one ``PipelineRuntime``: built from the program, started, stopped.
+
+One ``IpuWorker`` per IPU holds the ``StageExecutor`` of every stage placed on it, on that IPU's
+device. Starting waits until each worker has set its intra-op threads and said ``Ready``;
+stopping sends each the ``STOP`` pill and joins them (See [Note: worker threads]).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import Any
+
+import torch
+
+from ..errors import Error
+from ..profiling.trace import TraceRecorder
+from ..program import StagedProgram
+from .failure import StageFailure
+from .routes import HOST, Routes
+from .stage import StageExecutor
+from .threads import POLL_S, join_all
+from .worker import STOP, IpuWorker, Ready
+
+__all__ = ["START_TIMEOUT_S", "default_devices", "make_workers", "start_workers", "stop_workers"]
+
+START_TIMEOUT_S = 60.0  # workers must report ready within this
+
+
+def default_devices(ipus: list[int]) -> dict[int, torch.device]:
+    """IPU ``i`` → ``cuda:(i mod n)`` when CUDA has ``n`` devices, else the CPU."""
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return {ipu: torch.device("cuda", ipu % count) for ipu in ipus}
+    return {ipu: torch.device("cpu") for ipu in ipus}
+
+
+def make_workers(
+    program: StagedProgram,
+    routes: Routes,
+    devices: dict[int, torch.device],
+    threads: dict[int, int],
+    reports: queue.Queue[tuple[bool, Any]],
+    trace: TraceRecorder | None,
+    *,
+    training: bool,
+) -> dict[int, IpuWorker]:
+    """One (unstarted) worker per IPU of ``devices``, its stages' modules moved to its device."""
+    workers: dict[int, IpuWorker] = {}
+    for ipu, device in devices.items():
+        executors = {}
+        for spec in program.stages:
+            if spec.ipu != ipu:
+                continue
+            spec.module.to(device)
+            from_stages = frozenset(name for name in spec.inputs if routes.producer[name] != HOST)
+            executors[spec.index] = StageExecutor(
+                spec,
+                training=training,
+                loss_name=program.loss_name,
+                from_stages=from_stages,
+                recompute=bool(program.meta.get("recompute", False)),
+            )
+        workers[ipu] = IpuWorker(ipu, executors, routes, device, threads[ipu], reports, trace)
+    for worker in workers.values():
+        worker.peers = {s.index: workers[s.ipu].inbox for s in program.stages}
+    return workers
+
+
+def start_workers(workers: list[IpuWorker], reports: queue.Queue[tuple[bool, Any]]) -> None:
+    """Start the threads and wait until each has set its intra-op threads.
+
+    Raises:
+        Error: a worker failed to start, or did not report ready within ``START_TIMEOUT_S``.
+    """
+    for worker in workers:
+        worker.thread.start()
+    waiting, deadline = {w.ipu for w in workers}, time.monotonic() + START_TIMEOUT_S
+    while waiting:
+        if time.monotonic() > deadline:
+            raise Error(
+                f"IPU workers {sorted(waiting)} did not start within {START_TIMEOUT_S:.0f} s"
+            )
+        try:
+            ok, payload = reports.get(timeout=POLL_S)
+        except queue.Empty:
+            continue
+        if not ok:
+            failure: StageFailure = payload.failure
+            raise failure.error() from failure.exc
+        if isinstance(payload, Ready):
+            waiting.discard(payload.ipu)
+
+
+def stop_workers(workers: list[IpuWorker]) -> None:
+    """Stop and join every worker thread (also run by the finalizer if ``close`` was skipped)."""
+    for worker in workers:
+        worker.inbox.put(STOP)
+    join_all(worker.thread for worker in workers)
