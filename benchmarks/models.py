@@ -47,6 +47,7 @@ except ImportError:  # the ResNet-50 rows are left out
     Bottleneck = ResNet = None  # type: ignore[assignment,misc]
 
 import poptorch_sim as poptorch  # noqa: E402
+from poptorch_sim.executor import placement  # noqa: E402
 
 Batch = dict[str, torch.Tensor]
 AUTO, SAME = poptorch.AutoStage.AutoIncrement, poptorch.AutoStage.SameAsIpu
@@ -321,10 +322,9 @@ def row(
     for _ in range(steps):
         sims.append(timed(call))
         eagers.append(timed(eager))
-    program = sim._executable.program
-    runtime = getattr(program, "runtime", None)
-    split = runtime.cores.describe() if runtime is not None else "one program (not split)"
-    ipus = [st.ipu for st in program.program.stages] if runtime is not None else []
+    placed = placement(sim)
+    split = placed.cores if placed.staged else "one program (not split)"
+    ipus = list(placed.stage_ipus)
     sim.destroy()
     p, e = statistics.median(sims), statistics.median(eagers)
     kind = "train" if training else "infer"

@@ -32,12 +32,12 @@ from .errors import Error, RecoverableError, UnrecoverableError, createPoptorchE
 from .executor import (
     PoplarExecutor,
     inferenceModel,
+    load,
     registerPostCompileHook,
     registerPreCompileHook,
     trainingModel,
 )
 from .executor.custom_args import ICustomArgParser, registerCustomArgParser
-from .executor.serialization import load
 from .hardware import ipuHardwareIsAvailable, ipuHardwareVersion
 from .ipu_context import isRunningOnIpu
 from .logger import setLogLevel

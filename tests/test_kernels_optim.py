@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from poptorch_sim.executor import streams as S
 from poptorch_sim.kernels import optim as K
 from poptorch_sim.kernels import reference as R
-from poptorch_sim.kernels import streams as S
 from poptorch_sim.optim.device import FusedOptimizer
 
 SHAPES = [(2500,), (7, 5), (3,)]  # crosses tile boundaries; a tail tile; a tiny param

@@ -12,6 +12,7 @@ from torch import nn
 
 import poptorch_sim as poptorch
 from poptorch_sim.executor import weights
+from poptorch_sim.executor.device_link import DeviceLink
 
 
 class Net(nn.Module):
@@ -36,13 +37,13 @@ def _train(model: nn.Module, calls: int = 1) -> poptorch.PoplarExecutor:
 
 def _count_implicit_copies(monkeypatch: pytest.MonkeyPatch, training) -> list[int]:
     counter = [0]
-    original = type(training)._implicit_copy_to_host
+    original = DeviceLink.implicit_copy_to_host
 
     def counting(self):
         counter[0] += 1
         original(self)
 
-    monkeypatch.setattr(type(training), "_implicit_copy_to_host", counting)
+    monkeypatch.setattr(DeviceLink, "implicit_copy_to_host", counting)
     return counter
 
 
@@ -209,7 +210,7 @@ def test_unwrap_and_rewrap_model_if_necessary() -> None:
     poptorch._impl.rewrapModelIfNecessary(model)
     assert weights.is_wrapped(model.lin.weight)
     training(torch.randn(4, 3), torch.randn(4, 2))
-    assert training._dirty_host_weights
+    assert training._link.dirty_host_weights
     torch.testing.assert_close(  # the next host access syncs again
         model.lin.weight.detach(), training._executable.device.model.lin.weight.detach()
     )

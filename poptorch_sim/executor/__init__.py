@@ -1,14 +1,27 @@
-"""The executor: what ``trainingModel``/``inferenceModel`` return, and how they are made."""
+"""The executor: what ``trainingModel``/``inferenceModel``/``load`` return, and how it is made.
+
+Public here besides PopTorch's names: ``batch_layout`` (how a model's host batch splits into
+micro-batches) and the read-outs ``placement`` and ``allreduce_stats`` of a compiled model.
+"""
 
 from __future__ import annotations
 
-from .executor import PoplarExecutor
+from .executor import PoplarExecutor, allreduce_stats, placement
 from .hooks import registerPostCompileHook, registerPreCompileHook
-from .wrap import inferenceModel, trainingModel
+from .inspection import AllReduceStats, Placement
+from .layout import Layout, batch_layout
+from .wrap import inferenceModel, load, trainingModel
 
 __all__ = [
+    "AllReduceStats",
+    "Layout",
+    "Placement",
     "PoplarExecutor",
+    "allreduce_stats",
+    "batch_layout",
     "inferenceModel",
+    "load",
+    "placement",
     "registerPostCompileHook",
     "registerPreCompileHook",
     "trainingModel",

@@ -28,9 +28,9 @@ from ..logger import logger
 from ..ops.blocks import recording_blocks
 from ..ops.control import training_graph
 from ..ops.printing import prints_suppressed
-from .batching import Layout
 from .fp_checks import FloatingPointChecks
 from .inputs import BoundArgs
+from .layout import Layout
 from .losses import LossRecorder, final_loss
 from .outputs import OutputCollector
 from .refusals import PopTorchRefusals

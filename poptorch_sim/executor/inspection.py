@@ -1,85 +1,154 @@
-"""What an executor tells about itself: anchored tensors, tensor names, timings, RNG state."""
+"""What an executor tells about itself: tensor names, anchors, timings, RNG and placement.
+
+Each read-out is a function of what it reads (the executable, the options, the last run's
+performance record); ``PoplarExecutor`` keeps PopTorch's method names and calls these. Two are
+poptorch_sim's own, for benchmarks and tools: ``Placement`` (where a compiled model's stages run)
+and ``AllReduceStats`` (the gradient all-reduce across processes).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..errors import NO_EXECUTABLE_ERR, Error
-from .perf import counters, latency
+from ..errors import Error
+from ..options import Options
+from .executable import Executable
+from .perf import PerfRecord, counters, latency
+from .staged import StagedRunner
 
-__all__ = ["InspectionMixin"]
+__all__ = [
+    "AllReduceStats",
+    "Placement",
+    "allreduce_stats_of",
+    "anchored_tensor",
+    "check_cycle_count",
+    "latencies",
+    "placement_of",
+    "set_rng_state",
+    "tensor_names",
+]
+
+Latency = tuple[float, float, float]
 
 
-class InspectionMixin:
-    """Read-outs of ``PoplarExecutor``: ``getTensorNames``, ``getAnchoredTensor``, timings."""
+@dataclass(frozen=True)
+class Placement:
+    """Where a compiled model runs.
 
-    def getTensorNames(self) -> list[str]:
-        """Names of the tensors that can be anchored (``Gradient___<param>``, ...)."""
-        exe = self._executable  # type: ignore[attr-defined]
-        if exe is None:
-            raise AssertionError("Model must be compiled before calling getTensorNames")
-        names = []
-        for name, _, _ in exe.device.pairs:
-            names.append(name)
-            if self._training:  # type: ignore[attr-defined]
-                names += [f"Gradient___{name}", f"UpdatedVar___{name}"]
-        return names
+    Attributes:
+        staged: whether it is cut into stages on IPU worker threads (False: one program).
+        stage_ipus: the IPU of each stage, in stage order (empty for one program).
+        cores: how the host's cores are split over the IPU workers, as the runtime logs it
+            (empty for one program).
+    """
 
-    def getAnchoredTensor(self, short_name: str) -> torch.Tensor:
-        """The latest value of the tensor anchored as ``short_name`` with ``anchorTensor``."""
-        anchored = self._options.anchored_tensors  # type: ignore[attr-defined]
-        exe = self._executable  # type: ignore[attr-defined]
-        if short_name not in anchored or exe is None or exe.trainer is None:
-            raise AssertionError(f"No tensor with name {short_name} found.")
-        long_name = anchored[short_name][0]
-        if long_name not in exe.trainer.anchors:
-            raise AssertionError(f"No tensor with name {short_name} found.")
-        return exe.trainer.anchors[long_name]
+    staged: bool
+    stage_ipus: tuple[int, ...]
+    cores: str
 
-    @property
-    def rng_state(self) -> list[int]:
-        """``[seed] + state`` of the device RNG."""
-        if self._executable is None:  # type: ignore[attr-defined]
-            raise Error(NO_EXECUTABLE_ERR)
-        return [torch.initial_seed()] + torch.get_rng_state().tolist()
 
-    @rng_state.setter
-    def rng_state(self, state: list[int]) -> None:
-        if self._executable is None:  # type: ignore[attr-defined]
-            raise Error(NO_EXECUTABLE_ERR)
-        torch.set_rng_state(torch.tensor(state[1:], dtype=torch.uint8))
+@dataclass(frozen=True)
+class AllReduceStats:
+    """The gradient all-reduce across processes (``popdist``) of a training model.
 
-    def cycleCount(self) -> int:
-        """Cycle counts exist only on hardware; the simulator counts none."""
-        if not self._options._Popart.options.get("instrumentWithHardwareCycleCounter"):  # type: ignore[attr-defined]
-            raise Error(
-                "Cycle count logging is disabled. Please set option logCycleCount to True to "
-                "enable."
-            )
-        if not self._last_run:  # type: ignore[attr-defined]
-            raise Error("Please run the model at least once before obtaining cycle count.")
-        raise Error("Cycle count logging is only supported on actual IPU hardware.")
+    Attributes:
+        world_size: processes taking part.
+        bucket_bytes: the most bytes one all-reduce carries.
+        steps: all-reduces done so far; seconds: time spent in them so far.
+        bytes_per_step: bytes of gradient this process all-reduced in the last step.
+    """
 
-    def getPerfCounters(self) -> dict[str, list[list[float]]]:
-        """Host times of the last call's events, per tensor and step (see ``perf.py``)."""
-        return counters(self._perf)  # type: ignore[attr-defined]
+    world_size: int
+    bucket_bytes: int
+    steps: int
+    seconds: float
+    bytes_per_step: int
 
-    def getLatency(self) -> tuple[float, float, float]:
-        """(min, max, mean) seconds from the first input requested to the last output back."""
-        return latency(self.getPerfCounters(), "input", min, "output_complete", max)
 
-    def getComputeLatency(self) -> tuple[float, float, float]:
-        """(min, max, mean) seconds from the last input transferred to the last output ready."""
-        return latency(self.getPerfCounters(), "input_complete", max, "output", max)
+def placement_of(exe: Executable) -> Placement:
+    """The ``Placement`` of a compiled model (its core split as of now)."""
+    program = exe.program
+    if not isinstance(program, StagedRunner):
+        return Placement(staged=False, stage_ipus=(), cores="")
+    stage_ipus = tuple(stage.ipu for stage in program.program.stages)
+    return Placement(staged=True, stage_ipus=stage_ipus, cores=program.runtime.cores.describe())
 
-    def getHostIpuLatency(self) -> tuple[float, float, float]:
-        """Host → IPU transfer latency: zero, inputs are views of host memory."""
-        return latency(self.getPerfCounters(), "input", min, "input_complete", max)
 
-    def getIpuHostLatency(self) -> tuple[float, float, float]:
-        """IPU → host transfer latency: zero, outputs are host tensors."""
-        return latency(self.getPerfCounters(), "output", min, "output_complete", max)
+def allreduce_stats_of(exe: Executable) -> AllReduceStats | None:
+    """The all-reduce figures of a training model run by several processes, else None."""
+    reducer = exe.trainer.reducer if exe.trainer is not None else None
+    if reducer is None:
+        return None
+    return AllReduceStats(
+        world_size=reducer.world_size,
+        bucket_bytes=reducer.bucket_bytes,
+        steps=reducer.steps,
+        seconds=reducer.seconds,
+        bytes_per_step=reducer.bytes_per_step,
+    )
 
-    def _debugGetPopartIR(self) -> str:
-        """There is no PopART IR in simulation."""
-        return "{}"
+
+def tensor_names(exe: Executable | None, training: bool) -> list[str]:
+    """``getTensorNames``: the tensors that can be anchored (``Gradient___<param>``, ...)."""
+    if exe is None:
+        raise AssertionError("Model must be compiled before calling getTensorNames")
+    names = []
+    for name, _, _ in exe.device.pairs:
+        names.append(name)
+        if training:
+            names += [f"Gradient___{name}", f"UpdatedVar___{name}"]
+    return names
+
+
+def anchored_tensor(exe: Executable | None, options: Options, short_name: str) -> torch.Tensor:
+    """``getAnchoredTensor``: the latest value anchored as ``short_name`` by ``anchorTensor``."""
+    anchored = options.anchored_tensors
+    if short_name not in anchored or exe is None or exe.trainer is None:
+        raise AssertionError(f"No tensor with name {short_name} found.")
+    long_name = anchored[short_name][0]
+    if long_name not in exe.trainer.anchors:
+        raise AssertionError(f"No tensor with name {short_name} found.")
+    return exe.trainer.anchors[long_name]
+
+
+def rng_state() -> list[int]:
+    """``[seed] + state`` of the device RNG (torch's, in simulation)."""
+    return [torch.initial_seed()] + torch.get_rng_state().tolist()
+
+
+def set_rng_state(state: list[int]) -> None:
+    """Set the device RNG from ``rng_state()``'s list."""
+    torch.set_rng_state(torch.tensor(state[1:], dtype=torch.uint8))
+
+
+def check_cycle_count(options: Options, ran: bool) -> None:
+    """``cycleCount``: cycle counts exist only on hardware, so this always raises.
+
+    Raises:
+        Error: PopTorch's message for the case at hand.
+    """
+    if not options._Popart.options.get("instrumentWithHardwareCycleCounter"):
+        raise Error(
+            "Cycle count logging is disabled. Please set option logCycleCount to True to enable."
+        )
+    if not ran:
+        raise Error("Please run the model at least once before obtaining cycle count.")
+    raise Error("Cycle count logging is only supported on actual IPU hardware.")
+
+
+def latencies(perf: PerfRecord | None) -> dict[str, Latency]:
+    """The (min, max, mean) seconds of PopTorch's four latencies of the last run.
+
+    ``latency``: first input requested → last output back; ``compute``: last input
+    transferred → last output ready; ``host_ipu`` and ``ipu_host``: the transfers (zero here:
+    inputs are views of host memory and outputs host tensors).
+    """
+    c = counters(perf)
+    return {
+        "latency": latency(c, "input", min, "output_complete", max),
+        "compute": latency(c, "input_complete", max, "output", max),
+        "host_ipu": latency(c, "input", min, "input_complete", max),
+        "ipu_host": latency(c, "output", min, "output_complete", max),
+    }

@@ -21,9 +21,9 @@ import torch
 
 from ..enums import OutputMode
 from ..errors import Error
-from ..kernels.streams import assemble
 from ..runtime.dtypes import host_dtype
-from .batching import Layout
+from .layout import Layout
+from .streams import assemble
 
 __all__ = ["OutputCollector", "BACKWARD_ERROR", "block_backward", "demote"]
 
@@ -52,8 +52,8 @@ def block_backward(t: torch.Tensor) -> torch.Tensor:
 class OutputCollector:
     """Gathers every micro-batch's output leaves, then joins each leaf per ``OutputMode``.
 
-    The joining is the device-iteration output stream of the kernel library
-    (``poptorch_sim.kernels.streams.assemble``): at most one copy per output.
+    The joining is the device-iteration output stream
+    (``poptorch_sim.executor.streams.assemble``): at most one copy per output.
     """
 
     def __init__(self, mode: OutputMode, period: int, layout: Layout) -> None:

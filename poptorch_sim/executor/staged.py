@@ -36,8 +36,8 @@ from ..profiling.trace import TraceRecorder
 from ..profiling.utilisation import write_report
 from ..program import StagedProgram
 from ..runtime import PipelineRuntime
-from .batching import Layout
 from .inputs import BoundArgs
+from .layout import Layout
 from .outputs import OutputCollector
 
 __all__ = ["StagedRunner"]

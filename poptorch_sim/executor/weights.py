@@ -8,8 +8,8 @@ them: the first access to the user's model (its
 ``_parameters``, ``_buffers``, ``forward``, ...) or to one of its parameters or buffers triggers one
 ``copyWeightsToHost()``, later accesses none. To see those accesses, ``trainingModel`` swaps the
 class of the user's model, of each submodule and of each parameter/buffer to a generated subclass
-whose attribute hooks ask the owning executor to sync. ``destroy()`` swaps them back. Host changes
-never reach the device by themselves: ``copyWeightsToDevice()`` does that.
+whose attribute hooks ask their owner (the executor's ``DeviceLink``) to sync. ``destroy()`` swaps
+them back. Host changes never reach the device by themselves: ``copyWeightsToDevice()`` does that.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -31,6 +31,7 @@ from .rebind import rebind_to_copies
 __all__ = [
     "DeviceCopy",
     "HostSync",
+    "WeightsOwner",
     "is_wrapped",
     "owner_of",
     "set_tensors_wrapped",
@@ -57,6 +58,19 @@ _SYNC_ATTRS = frozenset(
 )
 
 
+class WeightsOwner(Protocol):
+    """What the hooks of a training-wrapped model ask of its owner (``device_link.DeviceLink``)."""
+
+    dirty_host_weights: bool
+    host_weights_version: int
+
+    def implicit_copy_to_host(self) -> None: ...
+
+    def copy_to_host_if_needed(self) -> bool: ...
+
+    def destroy(self) -> None: ...
+
+
 def _syncing() -> bool:
     return getattr(_state, "syncing", False)
 
@@ -77,9 +91,9 @@ def _sync_owner(obj: object) -> None:
         return
     ref = object.__getattribute__(obj, "__dict__").get(_OWNER_ATTR)
     owner = ref() if ref is not None else None
-    if owner is not None and owner._dirty_host_weights:
+    if owner is not None and owner.dirty_host_weights:
         with _NoSync():
-            owner._implicit_copy_to_host()
+            owner.implicit_copy_to_host()
 
 
 def _module_getattribute(self: nn.Module, name: str) -> Any:
@@ -197,8 +211,8 @@ def is_wrapped(obj: object) -> bool:
     return "_poptorch_sim_base" in type(obj).__dict__
 
 
-def owner_of(module: nn.Module) -> Any:
-    """The training executor that wraps ``module``, or ``None``."""
+def owner_of(module: nn.Module) -> WeightsOwner | None:
+    """The owner of the training executor that wraps ``module``, or ``None``."""
     ref = module.__dict__.get(_OWNER_ATTR)
     return ref() if ref is not None else None
 
@@ -214,7 +228,7 @@ def _objects(model: nn.Module) -> Iterator[nn.Module | torch.Tensor]:
 class HostSync:
     """Swaps the classes of a user model's modules and tensors so that host access syncs."""
 
-    def __init__(self, model: nn.Module, owner: object) -> None:
+    def __init__(self, model: nn.Module, owner: WeightsOwner) -> None:
         self._model = model
         self._ref = weakref.ref(owner)
 

@@ -1,16 +1,20 @@
-"""``trainingModel`` and ``inferenceModel``: wrapping a user's model for a simulated IPU."""
+"""``trainingModel``, ``inferenceModel`` and ``load``: the ways to get a ``PoplarExecutor``."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from ..enums import ConnectionType, OutputMode
 from ..errors import Error
 from ..options import Options, ShardedExecution
+from . import serialization
 from .executor import PoplarExecutor
 from .weights import is_wrapped, owner_of
 
-__all__ = ["trainingModel", "inferenceModel"]
+__all__ = ["inferenceModel", "load", "trainingModel"]
 
 _INFERENCE_GA_ERROR = (
     "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its "
@@ -64,7 +68,7 @@ def trainingModel(
             "Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() "
             "on the model to unwrap before wrapping again."
         )
-    return PoplarExecutor(model, options, training=True, optimizer=optimizer)
+    return PoplarExecutor(model, _resolve_options(options, True), True, optimizer)
 
 
 def inferenceModel(
@@ -90,4 +94,56 @@ def inferenceModel(
             if not isinstance(options._execution_strategy, ShardedExecution):
                 message += _PIPELINED_HINT
             raise Error(message)
-    return PoplarExecutor(model, options, training=False)
+    return PoplarExecutor(model, _resolve_options(options, False), training=False)
+
+
+def load(filename: str, edit_opts_fn: Callable[[Options], None] | None = None) -> PoplarExecutor:
+    """Rebuild the model saved in ``filename`` (with ``export_model=True``).
+
+    Args:
+        filename: a file written by ``save`` or ``compileAndExport``.
+        edit_opts_fn: called with the saved (unfrozen) options before the model is rebuilt.
+
+    Returns:
+        A compiled ``trainingModel`` or ``inferenceModel``.
+
+    Raises:
+        AssertionError: wrong version, or the file holds no model (``export_model=False``).
+
+    >>> inference = poptorch.load("model.poptorch")  # doctest: +SKIP
+    """
+    saved = serialization.read(filename, mismatch=AssertionError)
+    if saved.model is None:
+        raise AssertionError(
+            f"The file {filename} contains no model (it was saved with export_model=False): "
+            "create the trainingModel / inferenceModel wrapper for your model and call "
+            "loadExecutable(filename) on it instead"
+        )
+    options = saved.options.clone()
+    options.deleteIfExists("ipu_version")
+    if options.connection_type == ConnectionType.Never:
+        options.connectionType(ConnectionType.Always)
+    if edit_opts_fn is not None:
+        edit_opts_fn(options)
+    if saved.training:
+        model = trainingModel(saved.model, options, saved.optimizer)
+    else:
+        model = inferenceModel(saved.model, options)
+    model.loadExecutable(filename)
+    return model
+
+
+def _resolve_options(options: Options | None, training: bool) -> Options:
+    """A frozen clone of ``options`` (frozen too), with the output mode's default resolved."""
+    if options is None:
+        options = Options()
+    if not isinstance(options, Options):
+        raise Error(
+            f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)"
+        )
+    options._freeze()
+    resolved = options.clone()
+    if resolved.defaultOutputMode():
+        resolved.outputMode(OutputMode.Final if training else OutputMode.All)
+    resolved._freeze()
+    return resolved

@@ -30,9 +30,8 @@ from typing import Any
 
 from ..enums import OutputMode
 from ..errors import Error
-from ..executor.batching import check_batch
 from ..executor.executor import PoplarExecutor
-from ..executor.executor import _layout as batch_layout  # the one use of the executor's layout
+from ..executor.layout import batch_layout, check_batch
 from .batcher import Batcher, Closed, retry_alone
 from .requests import Request, Signature, join, split
 

@@ -1,4 +1,4 @@
-"""The host batch and its micro-batches.
+"""The batch layout: how a call's host batch splits into micro-batches (``batch_layout``).
 
 A call's host batch holds ``DI × GA × IG`` micro-batches (``IG = R // G`` input groups), laid out
 as PopART reads a session's input stream:
@@ -21,9 +21,10 @@ import torch
 
 from ..enums import CommGroupType
 from ..errors import Error
+from ..options import Options
 from .inputs import BoundArgs
 
-__all__ = ["Layout", "check_batch"]
+__all__ = ["Layout", "batch_layout", "check_batch"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,30 @@ class Layout:
             for a in range(self.gradient_accumulation)
             for r in range(self.replicas)
         ]
+
+
+def batch_layout(options: Options, training: bool) -> Layout:
+    """The layout of a model's host batch under ``options``.
+
+    Args:
+        options: the model's options (``deviceIterations``, ``replicationFactor``,
+            ``inputReplicaGrouping`` and, when training, ``Training.gradientAccumulation``).
+        training: whether the model trains; inference accumulates no gradients (``GA = 1``).
+
+    Returns:
+        The ``Layout``; its ``micro_batches`` is how many micro-batches one call's inputs hold.
+
+    >>> opts = poptorch.Options().deviceIterations(4)  # doctest: +SKIP
+    >>> batch_layout(opts, training=False).micro_batches  # doctest: +SKIP
+    4
+    """
+    return Layout(
+        options.device_iterations,
+        options.Training.gradient_accumulation if training else 1,
+        options.replication_factor,
+        options.input_group_size,
+        options.input_cgt,
+    )
 
 
 def check_batch(bound: BoundArgs, layout: Layout) -> None:

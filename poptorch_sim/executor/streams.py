@@ -1,4 +1,7 @@
-"""Device-iteration data streams: host batch → micro-batch views, micro-batch outputs → output.
+"""A call's data streams: host batch → micro-batch views, micro-batch outputs → one output.
+
+The arithmetic of the input side with replica grouping is ``layout.Layout``; this module is the
+plain ``[DI, GA, R]`` split and the output side, which ``outputs.OutputCollector`` uses.
 
 [Note: micro-batch layout]
 A host batch of ``b = DI * GA * R * mb`` rows is read as ``[DI, GA, R, mb, ...]`` (PopART's
@@ -23,8 +26,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import generic
-from .optim import _ops
+from ..kernels import generic
+
+_ops = torch.ops.poptorch_sim  # stream_sum: C++ on the CPU, generic on CUDA (``kernels``)
 
 __all__ = ["assemble", "micro_batches", "output_batch_dim"]
 

@@ -1,0 +1,218 @@
+"""Compiling a wrapped model: from the first call's inputs to an ``Executable``.
+
+``build_executable`` is handed everything it reads (the user's model and PopTorch's shallow copy
+of it, the options, the inputs) and returns what it built; it keeps no state and never touches
+the executor. The steps, in order:
+
+    batch layout and batch check → (training) weights synchronised across processes
+    → device copy of the weights → program: one eager program, or a staged program on IPU
+    worker threads → IPUs acquired → (training) device trainer → memory estimate
+    → (inference with IO tiles) the IO threads
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+
+from torch import nn
+
+from .. import env
+from ..compiler import TraceFailure
+from ..compiler.overlap import check_overlapped_io, num_io_tiles
+from ..compiler.sharding import sharding_of
+from ..compiler.verify import check_max_ipus
+from ..distributed import synchronize_weights
+from ..enums import ConnectionType
+from ..errors import Error
+from ..hardware import ipuHardwareIsAvailable
+from ..logger import logger
+from ..memory.build import at_compile as memory_at_compile
+from ..ops.annotations import overlap_marks
+from ..ops.blocks import uses_begin_block
+from ..options import Options
+from ..profiling.trace import TraceRecorder
+from ..runtime.intra_op import resolve_threads_per_ipu
+from ..runtime.io_tiles import IoTiles
+from .eager import EagerProgram
+from .executable import Executable, Program, to_device_dtype
+from .inputs import BoundArgs
+from .layout import Layout, batch_layout, check_batch
+from .progress import CompilationBar
+from .replicas import ReplicaBuffers
+from .staged import StagedRunner
+from .training import DeviceTrainer
+from .weights import DeviceCopy
+
+__all__ = ["build_executable"]
+
+# Simulated: a model with blocks that neither torch.fx nor torch.export can capture still runs,
+# as one program.
+_EAGER_FALLBACK = (
+    "poptorch_sim falls back to running this model as one program on a single simulated IPU, "
+    "one micro-batch at a time: outputs, gradients and weights are the same as PopTorch's and "
+    "eager PyTorch's, but its blocks do not run on separate IPU threads (no pipelining or "
+    "sharding), and the pipeline checks (depth, IPU count) are not applied."
+)
+
+_io_serial = itertools.count()  # names the overlapped-IO trace files of a process
+
+TrainerFactory = Callable[[DeviceCopy, Layout], DeviceTrainer]
+
+
+def build_executable(
+    bound: BoundArgs,
+    model: nn.Module,
+    snapshot: nn.Module,
+    options: Options,
+    training: bool,
+    make_trainer: TrainerFactory | None,
+    bar: CompilationBar,
+) -> Executable:
+    """Compile ``snapshot`` for inputs shaped like ``bound``.
+
+    Args:
+        bound: the first call's inputs (or ``compile``'s).
+        model: the user's model; a training model's weights are first made the same in every
+            process (``popdist``).
+        snapshot: PopTorch's shallow copy of ``model``, which the device copy is made from.
+        options: the executor's (frozen) options.
+        training: whether calls train.
+        make_trainer: builds the device trainer of a training model (None for inference).
+        bar: the compilation progress bar.
+
+    Returns:
+        The executable, with its program's worker threads running.
+
+    Raises:
+        Error: a batch that does not split into micro-batches, unknown updatable buffers, cycle
+            counting without hardware, or more IPUs than the machine simulates.
+    """
+    layout = batch_layout(options, training)
+    check_batch(bound, layout)
+    overlap_marks()  # forget marks left by eager runs of forward
+    bar.update(10)
+    # An offline executable never runs: PopTorch compiles it in each process without its
+    # peers, so no process group is joined (loading it compiles again, online).
+    if training and options.connection_type != ConnectionType.Never:
+        synchronize_weights(model, options)
+    device = DeviceCopy(snapshot)
+    _check_updatable_buffers(options, device.model)
+    if (
+        options._Popart.options.get("instrumentWithHardwareCycleCounter")
+        and not ipuHardwareIsAvailable()
+    ):
+        raise Error("Cycle count logging is only supported on actual IPU hardware.")
+    first = layout.micro_batch(bound.map_tensors(to_device_dtype), 0, 0, 0)
+    program = _build_program(device, first, layout, options, training)
+    _acquire(
+        program.program.meta["num_ipus"] if isinstance(program, StagedRunner) else layout.replicas
+    )
+    marked, overlapped = overlap_marks()
+    bar.update(80)
+    trainer = make_trainer(device, layout) if make_trainer is not None else None
+    if trainer is not None and isinstance(program, StagedRunner):
+        trainer.trace = program.trace
+        program.stage_step = trainer.stage_steps(program.program)
+    try:
+        memory = memory_at_compile(program, trainer, options, first, training)
+    except BaseException:
+        if isinstance(program, StagedRunner):
+            program.close()
+        raise
+    io = None
+    if overlapped or (marked and num_io_tiles(options) > 0):
+        io = _io_tiles(program, overlapped, options, training)
+    return Executable(bound, layout, device, program, trainer, io, memory)
+
+
+def _build_program(
+    device: DeviceCopy, first: BoundArgs, layout: Layout, options: Options, training: bool
+) -> Program:
+    eager = None
+    if not uses_begin_block(device.model) and sharding_of(device.model, options) is None:
+        eager = _eager_program(device, first, layout, options, training)
+        if not eager.blocks_seen:
+            return eager
+    try:
+        return StagedRunner(device.model, options, first, training)
+    except TraceFailure as failure:
+        logger.warning("%s\n%s", failure, _EAGER_FALLBACK)
+        return eager or _eager_program(device, first, layout, options, training)
+
+
+def _eager_program(
+    device: DeviceCopy, first: BoundArgs, layout: Layout, options: Options, training: bool
+) -> EagerProgram:
+    replicated = layout.replicas > 1
+    broadcast = options.broadcast_buffers
+    buffers = (
+        ReplicaBuffers(device.model, layout.replicas) if replicated and not broadcast else None
+    )
+    program = EagerProgram(device.model, training, buffers, replicated and broadcast)
+    program.prepare(first, device.check_unchanged)
+    checks = options._Popart.options.get("enableFloatingPointChecks", False)
+    program.fp_checks = bool(checks)
+    program.use_replica_threads(layout.replicas)
+    return program
+
+
+def _io_tiles(program: Program, overlap: bool, options: Options, training: bool) -> IoTiles | None:
+    """PopTorch's overlapped-IO checks, then the IO threads of an inference program: a
+    load / compute / store pipeline, or (all marks ``NoOverlap``) the same copies just in time.
+
+    Simulated: a training model with overlapped IO runs without IO threads (see
+    tests/test_footguns.py).
+    """
+    if overlap:
+        check_overlapped_io(options)
+    if training:
+        return None
+    report = None
+    if isinstance(program, StagedRunner):
+        trace = program.trace
+    else:
+        trace = TraceRecorder() if options.profile_dir else None
+        if options.profile_dir:
+            name = f"overlap_io_trace_{next(_io_serial)}.json"
+            report = os.path.join(options.profile_dir, name)
+    return IoTiles(
+        program.run_micro_batch,
+        lambda mb, fn: mb.map_tensors(fn),
+        program.input_device,
+        num_io_tiles(options),
+        resolve_threads_per_ipu(None, 1),
+        depth=int(options._Popart.options.get("defaultPrefetchBufferingDepth", 1)),
+        trace=trace,
+        report=report,
+        overlap=overlap,
+    )
+
+
+def _acquire(needed: int) -> None:
+    """Raise PopTorch's error if the model needs more IPUs than the machine simulates.
+
+    With ``POPTORCH_SIM_NUM_IPUS=0`` (no hardware) models run as on PopTorch's IPU Model, which
+    has no such limit.
+    """
+    check_max_ipus(needed)  # PopTorch's per-process limit comes before the machine's size
+    available = env.num_ipus()
+    if 0 < available < needed:
+        raise Error(
+            f"Failed to acquire {needed} IPU(s): this machine simulates {available} "
+            f"(POPTORCH_SIM_NUM_IPUS={available}). Set POPTORCH_SIM_NUM_IPUS={needed} or more, "
+            "or use fewer replicas or IPUs."
+        )
+
+
+def _check_updatable_buffers(options: Options, model: nn.Module) -> None:
+    wanted = options._Popart.options.get("updatableNamedBuffers", [])
+    known = [name for name, _ in model.named_buffers()]
+    for name in wanted:
+        if name not in known:
+            raise Error(
+                f"Invalid updatable buffer {name}: the model has no buffer of that name "
+                f"(its buffers: {', '.join(known) or 'none'}). Fix the names given to "
+                "Options.updatableNamedBuffers."
+            )
