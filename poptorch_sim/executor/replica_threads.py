@@ -54,13 +54,12 @@ from ..runtime.intra_op import (
     restore_default_threads,
     set_worker_threads,
 )
+from ..runtime.threads import JOIN_TIMEOUT_S, POLL_S, join_all
 from .inputs import BoundArgs
 from .replicas import ReplicaBuffers
 
 __all__ = ["ReplicaThreads", "replica_copies"]
 
-POLL_S = 0.1
-JOIN_TIMEOUT_S = 10.0
 _STOP = object()
 
 Result = tuple[list[Any], list[torch.Tensor | None] | None]  # output leaves, gradients
@@ -278,6 +277,4 @@ def _accumulate(params: list[nn.Parameter], grads: list[torch.Tensor | None]) ->
 def _shutdown(inboxes: list[queue.Queue[Any]], threads: list[threading.Thread]) -> None:
     for inbox in inboxes:
         inbox.put(_STOP)
-    for thread in threads:
-        if thread is not threading.current_thread():
-            thread.join(JOIN_TIMEOUT_S)
+    join_all(threads, why=" (a replica still inside its model call)")
