@@ -39,10 +39,10 @@ def _build(case: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         kw = dict(kw)
         replicas = kw.pop("replicas", 1)
         net = make()
-        opts = cases._options(ga, replicas, **kw)
-        model = poptorch.trainingModel(net, opts, cases._optimizer(kind, net.parameters()))
+        opts = cases.case_options(ga, replicas, **kw)
+        model = poptorch.trainingModel(net, opts, cases.case_optimizer(kind, net.parameters()))
         return model, batch(4 * ga * replicas), {}
-    net, batch, opts = cases._transformer(case)
+    net, batch, opts = cases.transformer_case(case)
     model = poptorch.trainingModel(net, opts, poptorch.optim.AdamW(net.parameters(), lr=1e-3))
     return model, (), batch
 

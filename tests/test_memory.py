@@ -69,7 +69,7 @@ def cnn_batch(n: int) -> Batch:
     return torch.randn(n, 3, 8, 8), torch.randint(0, 4, (n,))
 
 
-def _options(ga: int, replicas: int = 1, **kw: Any) -> poptorch.Options:
+def case_options(ga: int, replicas: int = 1, **kw: Any) -> poptorch.Options:
     opts = poptorch.Options().autoRoundNumIPUs(True)
     opts.Training.gradientAccumulation(ga)
     opts.replicationFactor(replicas)
@@ -129,7 +129,7 @@ CASES = {
 }
 
 
-def _optimizer(kind: str, params: Any) -> torch.optim.Optimizer:
+def case_optimizer(kind: str, params: Any) -> torch.optim.Optimizer:
     if kind == "sgd":
         return poptorch.optim.SGD(params, lr=0.01, momentum=0.9)
     if kind == "sgd-momentum0":
@@ -151,8 +151,8 @@ def test_estimate_matches_a_measured_step(case: str) -> None:
     make, batch, ga, kw, kind = CASES[case]
     net = make()
     replicas = kw.pop("replicas", 1)
-    opts = _options(ga, replicas, **kw)
-    model = poptorch.trainingModel(net, opts, _optimizer(kind, net.parameters()))
+    opts = case_options(ga, replicas, **kw)
+    model = poptorch.trainingModel(net, opts, case_optimizer(kind, net.parameters()))
     inputs = batch(4 * ga * replicas)
     _compare(model, *inputs)
     report = memory_report(model)
@@ -166,7 +166,7 @@ def test_rts_divides_optimizer_state_by_the_replicas() -> None:
     for rts in (False, True):
         net = Mlp(2)
         model = poptorch.trainingModel(
-            net, _options(4, 2, rts=rts), poptorch.optim.Adam(net.parameters())
+            net, case_options(4, 2, rts=rts), poptorch.optim.Adam(net.parameters())
         )
         model.compile(*mlp_batch(32))
         totals[rts] = [m.optimizer_state for m in memory_report(model).ipus]
@@ -187,7 +187,7 @@ def test_report_is_per_replica_and_says_so() -> None:
     for replicas, rts in ((1, False), (2, False), (2, True)):
         net = Mlp(2)
         model = poptorch.trainingModel(
-            net, _options(4, replicas, rts=rts), poptorch.optim.Adam(net.parameters())
+            net, case_options(4, replicas, rts=rts), poptorch.optim.Adam(net.parameters())
         )
         model.compile(*mlp_batch(16 * replicas))
         report = memory_report(model)
@@ -225,7 +225,7 @@ def test_recomputation_keeps_only_stage_inputs_and_trains_like_eager() -> None:
         copy = Mlp(3)
         copy.load_state_dict(net.state_dict())
         model = poptorch.trainingModel(
-            copy, _options(8, recompute=recompute), torch.optim.SGD(copy.parameters(), lr=0.1)
+            copy, case_options(8, recompute=recompute), torch.optim.SGD(copy.parameters(), lr=0.1)
         )
         model(x, y)
         out.append(memory_report(model))
@@ -348,7 +348,7 @@ def test_sgd_variants_hold_what_poptorch_holds(
     momentum: float, ga: int, combined: bool, velocity: bool
 ) -> None:
     net = Mlp(2)
-    opts = _options(ga, sharded=ga == 1)
+    opts = case_options(ga, sharded=ga == 1)
     sgd: torch.optim.Optimizer
     if momentum:
         sgd = poptorch.optim.SGD(net.parameters(), lr=0.01, momentum=momentum,
@@ -382,7 +382,7 @@ def _mark_outputs(module: nn.Module, inputs: Any, outputs: Any) -> Any:
     return poptorch.recomputationCheckpoint(outputs)
 
 
-def _transformer(case: str) -> tuple[nn.Module, dict[str, torch.Tensor], poptorch.Options]:
+def transformer_case(case: str) -> tuple[nn.Module, dict[str, torch.Tensor], poptorch.Options]:
     pytest.importorskip("transformers")
     from test_real_models import bert_classifier, gpt2, text_batch
 
@@ -393,18 +393,18 @@ def _transformer(case: str) -> tuple[nn.Module, dict[str, torch.Tensor], poptorc
             for layer in model.bert.encoder.layer:
                 layer.register_forward_hook(_mark_outputs)
         batch = {**text_batch(2 * ga), "labels": torch.randint(0, 3, (2 * ga,))}
-        opts = _options(ga, recompute="recompute" in case)
+        opts = case_options(ga, recompute="recompute" in case)
     else:
         model = gpt2()
         ids = torch.randint(0, 64, (2 * ga, 8))
         batch = {"input_ids": ids, "labels": ids}
-        opts = _options(ga, offload="offload" in case, auto_increment=True)
+        opts = case_options(ga, offload="offload" in case, auto_increment=True)
     return model, batch, opts
 
 
 @pytest.mark.parametrize("case", transformers_cases)
 def test_transformers_estimate_matches_a_measured_step(case: str) -> None:
-    net, batch, opts = _transformer(case)
+    net, batch, opts = transformer_case(case)
     model = poptorch.trainingModel(net, opts, poptorch.optim.AdamW(net.parameters(), lr=1e-3))
     _compare(model, **batch)
     model.destroy()
@@ -468,7 +468,9 @@ def test_bad_out_of_memory_mode_is_a_clear_error(monkeypatch: pytest.MonkeyPatch
 
 def _compile_small(opts: poptorch.Options | None = None) -> poptorch.PoplarExecutor:
     net = Mlp(3, width=128)
-    model = poptorch.trainingModel(net, opts or _options(6), poptorch.optim.Adam(net.parameters()))
+    model = poptorch.trainingModel(
+        net, opts or case_options(6), poptorch.optim.Adam(net.parameters())
+    )
     model.compile(*mlp_batch(24))
     return model
 
@@ -499,7 +501,7 @@ def test_allow_out_of_memory_lets_it_compile(
 ) -> None:
     monkeypatch.setenv("POPTORCH_SIM_IPU_MEMORY", "200KB")
     monkeypatch.setenv("POPTORCH_SIM_OUT_OF_MEMORY", "error")
-    opts = _options(6)
+    opts = case_options(6)
     if how == "engine options":
         monkeypatch.setenv("POPLAR_ENGINE_OPTIONS", json.dumps({"debug.allowOutOfMemory": "true"}))
     else:
@@ -542,7 +544,9 @@ def test_report_table_and_plot(tmp_path: Path) -> None:
 
 def test_memory_report_needs_a_compiled_model() -> None:
     net = Mlp(2)
-    model = poptorch.trainingModel(net, _options(4), poptorch.optim.SGD(net.parameters(), lr=0.1))
+    model = poptorch.trainingModel(
+        net, case_options(4), poptorch.optim.SGD(net.parameters(), lr=0.1)
+    )
     with pytest.raises(poptorch.Error, match="needs a compiled model"):
         memory_report(model)
 
@@ -569,7 +573,7 @@ def _tiny_bert(layers: int = 6) -> tuple[nn.Module, dict[str, torch.Tensor]]:
 
 def test_plan_predicts_the_memory_of_the_placement_it_suggests() -> None:
     model, batch = _tiny_bert()
-    opts = _options(8)
+    opts = case_options(8)
     suggestion = poptorch.memory.plan(
         model, {k: v[:2] for k, v in batch.items()}, opts, 3, optimizer="adamw"
     )
@@ -591,17 +595,17 @@ def test_plan_predicts_the_memory_of_the_placement_it_suggests() -> None:
 def test_plan_moves_blocks_to_fit_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     model, batch = _tiny_bert()
     mb = {k: v[:2] for k, v in batch.items()}
-    free = poptorch.memory.plan(model, mb, _options(8), 2, optimizer="adam")
+    free = poptorch.memory.plan(model, mb, case_options(8), 2, optimizer="adam")
     totals = [m.total - m.allowance for m in free.report.ipus]
     # A limit just under the heavier IPU's need (the allowance is 10% of the limit).
     limit = int(max(totals) * 0.99 / 0.9)
     monkeypatch.setenv("POPTORCH_SIM_IPU_MEMORY", str(limit))
-    tight = poptorch.memory.plan(model, mb, _options(8), 2, optimizer="adam")
+    tight = poptorch.memory.plan(model, mb, case_options(8), 2, optimizer="adam")
     if tight.fits:
         assert tight.blocks != free.blocks
     assert all(m.limit == limit for m in tight.report.ipus)
     monkeypatch.setenv("POPTORCH_SIM_IPU_MEMORY", "1KB")
-    assert not poptorch.memory.plan(model, mb, _options(8), 2).fits
+    assert not poptorch.memory.plan(model, mb, case_options(8), 2).fits
 
 
 def test_plan_works_on_a_meta_model_by_flops() -> None:
@@ -612,7 +616,7 @@ def test_plan_works_on_a_meta_model_by_flops() -> None:
     with torch.device("meta"):
         model = transformers.BertForSequenceClassification(bert_config(num_hidden_layers=4))
     ids = torch.zeros(2, 8, dtype=torch.long, device="meta")
-    suggestion = poptorch.memory.plan(model, {"input_ids": ids}, _options(8), 2)
+    suggestion = poptorch.memory.plan(model, {"input_ids": ids}, case_options(8), 2)
     assert suggestion.cost_unit == "FLOPs"
     assert suggestion.blocks == ["bert.encoder.layer.0", "bert.encoder.layer.2"]
     weights = sum(m.weights for m in suggestion.report.ipus)
@@ -621,7 +625,7 @@ def test_plan_works_on_a_meta_model_by_flops() -> None:
 
 def test_plan_needs_enough_candidates() -> None:
     with pytest.raises(ValueError, match="at least as many candidate modules as IPUs"):
-        poptorch.memory.plan(Mlp(2), mlp_batch(2), _options(8), 4)
+        poptorch.memory.plan(Mlp(2), mlp_batch(2), case_options(8), 4)
 
 
 @pytest.mark.parametrize("fake", [True, False], ids=["fake", "real"])
@@ -629,7 +633,9 @@ def test_fake_and_real_runs_count_the_same_bytes(fake: bool) -> None:
     from poptorch_sim.memory import activations
 
     net = Cnn()
-    model = poptorch.trainingModel(net, _options(4), poptorch.optim.SGD(net.parameters(), lr=0.1))
+    model = poptorch.trainingModel(
+        net, case_options(4), poptorch.optim.SGD(net.parameters(), lr=0.1)
+    )
     model.compile(*cnn_batch(16))
     stages = model._executable.program.program.stages
     inputs = dict(zip(model._executable.program.program.input_names, cnn_batch(4)))
@@ -696,7 +702,7 @@ def test_plan_leaves_the_model_and_the_rng_as_they_were() -> None:
     before = {k: v.clone() for k, v in net.state_dict().items()}
     batch = cnn_batch(4)
     rng = torch.get_rng_state()
-    suggestion = poptorch.memory.plan(net, batch, _options(4), 2, optimizer="sgd")
+    suggestion = poptorch.memory.plan(net, batch, case_options(4), 2, optimizer="sgd")
     assert suggestion.blocks[0] == "features"
     for name, value in net.state_dict().items():
         assert torch.equal(value, before[name]), name
