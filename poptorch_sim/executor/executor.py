@@ -26,7 +26,7 @@ from ..compiler.verify import check_max_ipus
 from ..distributed import synchronize_weights
 from ..enums import ConnectionType, OutputMode
 from ..errors import NO_EXECUTABLE_ERR, Error
-from ..hardware import ipuHardwareIsAvailable
+from ..hardware import IpuClaim, claim_ipu, ipuHardwareIsAvailable
 from ..logger import logger, warning_once
 from ..memory.build import at_compile as memory_at_compile
 from ..ops.annotations import overlap_marks
@@ -100,6 +100,7 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         )
         self._executable: _Executable | None = None
         self._is_attached = False
+        self._ipu_claim: IpuClaim | None = None  # See [Note: one model per IPU id]
         self._dirty_host_weights = False
         self._host_weights_version = 0
         self._linked_version = -1
@@ -234,6 +235,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
             if isinstance(program, StagedRunner)
             else layout.replicas
         )
+        if self._options.connection_type == ConnectionType.Always:
+            self._ipu_claim = claim_ipu(self._options)  # before the executable, as PopTorch
         marked, overlapped = overlap_marks()
         bar.update(80)
         trainer = self._build_trainer(device, layout) if self._training else None
@@ -341,6 +344,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         return self._executable
 
     def _attach(self) -> None:
+        if self._ipu_claim is None or not self._ipu_claim.held:
+            self._ipu_claim = claim_ipu(self._options)
         self._is_attached = True
         self.copyWeightsToDevice()
         if self._seed_pending:
@@ -370,6 +375,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         if self._training:
             self.copyWeightsToHostIfNeeded()
         self._is_attached = False
+        if self._ipu_claim is not None:
+            self._ipu_claim.release()
 
     def isAttachedToDevice(self) -> bool:
         """Whether the device is attached (False when not compiled)."""
@@ -447,6 +454,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         self._executable.program.close()
         self._executable = None
         self._is_attached = False
+        if self._ipu_claim is not None:
+            self._ipu_claim.release()
         if self._host_sync is not None:
             self._host_sync.unwrap()
 
@@ -472,7 +481,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         state = dict(self.__dict__)
         del state["_call_lock"]
         state.update(
-            _executable=None, _is_attached=False, _linked_version=-1, _last_run={}, _perf=None
+            _executable=None, _is_attached=False, _linked_version=-1, _last_run={}, _perf=None,
+            _ipu_claim=None,
         )
         return state
 
