@@ -24,7 +24,7 @@ CLASSES = ("behaviour", "log/IR", "torch", "hardware")
 
 _LOG = (
     r"All of the expressions do not match|No line in the above log contains all|"
-    r"The log above doesn't contain lines matching|\ndoes not contain '|Did not contain .* after|"
+    r"The log above doesn't contain lines matching|\sdoes not contain '|Did not contain .* after|"
     r"The line above matches all of the|\ncontains '"
 )
 
@@ -52,11 +52,16 @@ RULES: list[tuple[str, str, str]] = [
     ("torch", r"Weights only load failed",
      "torch.load of a whole pickled object: torch >= 2.6 defaults to weights_only=True "
      "(REPRODUCTIONS['weights_only'])"),
+    ("torch", r"masked_fill_ only supports boolean masks",
+     "indexes with a uint8 mask, which torch 2.14 refuses in eager PyTorch too "
+     "(REPRODUCTIONS['uint8_mask'])"),
     ("torch", r"Command '\['python3', '-m', 'pytest'",
      "re-runs pytest with `python3` from PATH, which is not this environment's interpreter"),
     # -- needs the SDK or hardware --------------------------------------------------------------
     ("hardware", r"Cycle count logging is only supported on actual IPU hardware|"
      r"Total number of IPU cycles", "IPU cycle counters exist only on hardware"),
+    ("hardware", r"test_compare_io_performance",
+     "compares IPU cycle counts ('Total number of IPU cycles'), which exist only on hardware"),
     ("hardware", r"test_get_compilation_time",
      "asserts a Poplar compile takes over a second"),
     ("hardware", r"No executable saved in the cache",
@@ -74,6 +79,12 @@ RULES: list[tuple[str, str, str]] = [
     # -- PopART IR and log lines ------------------------------------------------------------
     ("log/IR", r"_debugGetPopartIR|test_\w*_IR\b|lowered to PopART|MatMulPartialsType|"
      r"device=ipu:\d", "reads PopART's IR"),
+    ("log/IR", r"debug_tensors_test::test_tensor_names",
+     "expects PopART's IR tensor names (input, loss, scaledLearningRate___, "
+     "weightDecayScaleFactor___) among the anchorable tensors"),
+    ("log/IR", r"debug_tensors_test::test_tensor_modes",
+     "reads PopART's anchor log line ('<tensor> ALL/1'); anchored tensors keep their latest value "
+     "here, whatever the return mode"),
     ("log/IR", r"graph optimizer|enablePipelining set to value|mode\(Pipelined\)",
      "reads PopART's log (optimizer / pipelining set-up)"),
     ("log/IR", r"From the user configuration: Ipu model|set enableEngineCaching to value|"
@@ -109,6 +120,10 @@ REPRODUCTIONS: dict[str, str] = {
         "import io, torch\n"
         "f = io.BytesIO(); torch.save(torch.nn.Sequential(torch.nn.ReLU()), f); f.seek(0)\n"
         "torch.load(f)\n"
+    ),
+    "uint8_mask": (
+        "import torch\n"
+        "t = torch.zeros(2, 3); t[torch.ones(2, 3, dtype=torch.uint8)] = 1.0\n"
     ),
 }
 
