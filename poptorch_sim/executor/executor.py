@@ -31,6 +31,7 @@ from ..logger import logger, warning_once
 from ..memory.build import at_compile as memory_at_compile
 from ..ops.annotations import overlap_marks
 from ..ops.blocks import uses_begin_block
+from ..ops.group_norm import stride_group_norms
 from ..optim import SGD
 from ..optim.snapshot import OptimizerSnapshot
 from ..options import Options
@@ -223,6 +224,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         if self._training and self._options.connection_type != ConnectionType.Never:
             synchronize_weights(self._user_model, self._options)
         device = DeviceCopy(self._model_snapshot)
+        if self._options._Popart.options.get("groupNormStridedChannelGrouping"):
+            stride_group_norms(device.model)
         _check_updatable_buffers(self._options, device.model)
         if (
             self._options._Popart.options.get("instrumentWithHardwareCycleCounter")
