@@ -55,6 +55,8 @@ RULES: list[tuple[str, str, str]] = [
     ("torch", r"masked_fill_ only supports boolean masks",
      "indexes with a uint8 mask, which torch 2.14 refuses in eager PyTorch too "
      "(REPRODUCTIONS['uint8_mask'])"),
+    ("torch", r"No module named 'expecttest'",
+     "imports expecttest, a package of PyTorch's own test suite, which this environment lacks"),
     ("torch", r"Command '\['python3', '-m', 'pytest'",
      "re-runs pytest with `python3` from PATH, which is not this environment's interpreter"),
     # -- needs the SDK or hardware --------------------------------------------------------------
@@ -72,11 +74,15 @@ RULES: list[tuple[str, str, str]] = [
      "reads a PopVision profile (pva / libpvti from the Poplar SDK)"),
     ("hardware", r"custom_ops\.so|custom_cube_op|libcustom|cmake",
      "builds a custom op against the Poplar SDK"),
+    ("hardware", r"test_doc_urls",
+     "fetches the documentation's URLs over the network (requests; no network here)"),
     ("hardware", r"urlopen|URLError|HTTPError|Name or service not known",
      "downloads data"),
     ("hardware", r"No module named 'torch_geometric'|No module named 'torch_scatter'",
      "needs PyTorch Geometric"),
     # -- PopART IR and log lines ------------------------------------------------------------
+    ("log/IR", r"ops_test::test_name_scope\b|Expected maingraph in serialized IR",
+     "reads PopART's IR (_debugGetPopartIR)"),
     ("log/IR", r"_debugGetPopartIR|test_\w*_IR\b|lowered to PopART|MatMulPartialsType|"
      r"device=ipu:\d", "reads PopART's IR"),
     ("log/IR", r"debug_tensors_test::test_tensor_names",
