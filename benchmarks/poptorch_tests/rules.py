@@ -55,6 +55,11 @@ RULES: list[tuple[str, str, str]] = [
     ("torch", r"masked_fill_ only supports boolean masks",
      "indexes with a uint8 mask, which torch 2.14 refuses in eager PyTorch too "
      "(REPRODUCTIONS['uint8_mask'])"),
+    ("torch", r"No module named '(torch_geometric|torch_scatter|torch_cluster|torch_sparse)'",
+     "needs PyTorch Geometric or its compiled extensions (torch_scatter, torch_cluster), which "
+     "this environment lacks"),
+    ("torch", r"fixture 'benchmark' not found",
+     "needs the pytest-benchmark plugin, which this environment lacks"),
     ("torch", r"No module named 'expecttest'",
      "imports expecttest, a package of PyTorch's own test suite, which this environment lacks"),
     ("torch", r"Command '\['python3', '-m', 'pytest'",
@@ -78,8 +83,7 @@ RULES: list[tuple[str, str, str]] = [
      "fetches the documentation's URLs over the network (requests; no network here)"),
     ("hardware", r"urlopen|URLError|HTTPError|Name or service not known",
      "downloads data"),
-    ("hardware", r"No module named 'torch_geometric'|No module named 'torch_scatter'",
-     "needs PyTorch Geometric"),
+
     # -- PopART IR and log lines ------------------------------------------------------------
     ("log/IR", r"ops_test::test_name_scope\b|Expected maingraph in serialized IR",
      "reads PopART's IR (_debugGetPopartIR)"),
