@@ -55,9 +55,10 @@ RULES: list[tuple[str, str, str]] = [
     ("torch", r"masked_fill_ only supports boolean masks",
      "indexes with a uint8 mask, which torch 2.14 refuses in eager PyTorch too "
      "(REPRODUCTIONS['uint8_mask'])"),
-    ("torch", r"No module named '(torch_geometric|torch_scatter|torch_cluster|torch_sparse)'",
-     "needs PyTorch Geometric or its compiled extensions (torch_scatter, torch_cluster), which "
-     "this environment lacks"),
+    ("torch", r"No module named '(torch_geometric|torch_scatter|torch_cluster|torch_sparse|"
+     r"pyg_lib)'|requires either 'pyg-lib' or 'torch-sparse'",
+     "needs PyTorch Geometric or its compiled extensions (torch_scatter, torch_cluster, "
+     "torch_sparse, pyg-lib), which this environment lacks"),
     ("torch", r"fixture 'benchmark' not found",
      "needs the pytest-benchmark plugin, which this environment lacks"),
     ("torch", r"No module named 'expecttest'",
