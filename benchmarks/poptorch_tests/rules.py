@@ -82,6 +82,8 @@ RULES: list[tuple[str, str, str]] = [
      "builds a custom op against the Poplar SDK"),
     ("hardware", r"test_doc_urls",
      "fetches the documentation's URLs over the network (requests; no network here)"),
+    ("hardware", r"tests/\.datasets/\w+ not exists",
+     "reads a data set (QM9, Planetoid) that PopTorch's CI downloads beforehand"),
     ("hardware", r"urlopen|URLError|HTTPError|Name or service not known",
      "downloads data"),
 
