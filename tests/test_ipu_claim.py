@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import poptorch
 
@@ -109,3 +110,16 @@ def test_another_process_holding_the_ipu(monkeypatch: pytest.MonkeyPatch) -> Non
     finally:
         holder.kill() if holder.poll() is None else None
         holder.wait()
+
+
+def test_a_failed_compile_can_be_retried_on_its_ipu() -> None:
+    class Picky(nn.Module):
+        def forward(self, x):
+            if x.shape[0] != 4:
+                raise ValueError("needs 4 rows")
+            return x * 2
+
+    model = poptorch.inferenceModel(Picky(), _opts(12))
+    with pytest.raises(ValueError, match="needs 4 rows"):
+        model(torch.randn(3))
+    torch.testing.assert_close(model(torch.ones(4)), torch.full((4,), 2.0))

@@ -238,7 +238,8 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
             if isinstance(program, StagedRunner)
             else layout.replicas
         )
-        if self._options.connection_type == ConnectionType.Always:
+        held = self._ipu_claim is not None and self._ipu_claim.held
+        if self._options.connection_type == ConnectionType.Always and not held:
             self._ipu_claim = claim_ipu(self._options)  # before the executable, as PopTorch
         marked, overlapped = overlap_marks()
         bar.update(80)
@@ -484,9 +485,9 @@ class PoplarExecutor(InspectionMixin, SerializationMixin, OptimizerMixin):
         state = dict(self.__dict__)
         del state["_call_lock"]
         state.update(
-            _executable=None, _is_attached=False, _linked_version=-1, _last_run={}, _perf=None,
-            _ipu_claim=None,
+            _executable=None, _is_attached=False, _linked_version=-1, _last_run={}, _perf=None
         )
+        state["_ipu_claim"] = None  # a loaded executor claims its IPU when it attaches
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
