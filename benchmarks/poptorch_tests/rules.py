@@ -135,8 +135,7 @@ REPRODUCTIONS: dict[str, str] = {
         "torch.load(f)\n"
     ),
     "uint8_mask": (
-        "import torch\n"
-        "t = torch.zeros(2, 3); t[torch.ones(2, 3, dtype=torch.uint8)] = 1.0\n"
+        "import torch\nt = torch.zeros(2, 3); t[torch.ones(2, 3, dtype=torch.uint8)] = 1.0\n"
     ),
 }
 
