@@ -56,7 +56,7 @@ RULES: list[tuple[str, str, str]] = [
      "indexes with a uint8 mask, which torch 2.14 refuses in eager PyTorch too "
      "(REPRODUCTIONS['uint8_mask'])"),
     ("torch", r"No module named '(torch_geometric|torch_scatter|torch_cluster|torch_sparse|"
-     r"pyg_lib)'|requires either 'pyg-lib' or 'torch-sparse'",
+     r"pyg_lib)'|requires either 'pyg-lib' or 'torch-sparse'|requires 'torch-sparse'",
      "needs PyTorch Geometric or its compiled extensions (torch_scatter, torch_cluster, "
      "torch_sparse, pyg-lib), which this environment lacks"),
     ("torch", r"'Summary' object has no attribute 'num_nodes_per_type'|cannot import name "
