@@ -20,6 +20,7 @@ __all__ = [
     "out_of_memory",
     "simd_measure",
     "user_cache_root",
+    "wait_for_ipu",
     "sharding_config",
 ]
 
@@ -114,6 +115,11 @@ def simd_measure() -> bool:
 def ipu_model() -> bool:
     """``POPTORCH_IPU_MODEL``: whether the IPU Model was requested (no effect in simulation)."""
     return (_get("POPTORCH_IPU_MODEL") or "0") not in ("0", "false", "False")
+
+
+def wait_for_ipu() -> bool:
+    """``POPTORCH_WAIT_FOR_IPU``: wait for an IPU another process holds instead of failing."""
+    return (_get("POPTORCH_WAIT_FOR_IPU") or "0") not in ("0", "false", "False")
 
 
 def offline() -> bool:

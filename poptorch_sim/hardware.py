@@ -1,10 +1,21 @@
-"""The simulated hardware: how many Mk2 IPUs this machine reports."""
+"""The simulated hardware: how many Mk2 IPUs this machine reports, and who holds which one."""
 
 from __future__ import annotations
 
-from . import env
+import fcntl
+import gc
+import os
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any
 
-__all__ = ["ipuHardwareIsAvailable", "ipuHardwareVersion", "MK2_VERSION"]
+from . import env
+from .errors import Error
+from .logger import logger
+
+__all__ = ["ipuHardwareIsAvailable", "ipuHardwareVersion", "MK2_VERSION", "IpuClaim", "claim_ipu"]
 
 MK2_VERSION = 2
 
@@ -31,3 +42,92 @@ def ipuHardwareVersion() -> int:
     if env.num_ipus() == 0:
         raise AssertionError("No IPU hardware available on this system")
     return MK2_VERSION
+
+
+# [Note: one model per IPU id]
+# An IPU is attached to one program at a time. A model compiled with ``Options.useIpuId(n)``
+# claims IPU ``n`` while it is attached (compile with ConnectionType.Always, a call, or
+# attachToDevice) and gives it back on detachFromDevice, destroy, or when it is collected. A
+# second claim on the same id fails with poptorch.Error, in this process or in another one
+# (a POSIX record lock on a file per id, which forked children do not inherit); with
+# POPTORCH_WAIT_FOR_IPU=1 a claim held by another process is waited for instead, as PopTorch
+# does. Models without useIpuId take any free IPU, and there are always enough of those.
+
+_claims: weakref.WeakValueDictionary[int, IpuClaim] = weakref.WeakValueDictionary()
+_claims_lock = threading.RLock()  # a collected claim releases itself, maybe mid-claim
+_WAIT_S = 0.5
+
+
+class IpuClaim:
+    """One model's exclusive hold on one IPU id; ``release()`` (or collection) gives it back."""
+
+    def __init__(self, ipu_id: int, fd: int) -> None:
+        self.ipu_id = ipu_id
+        self._fd: int | None = fd
+
+    @property
+    def held(self) -> bool:
+        """Whether the claim still holds its IPU."""
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Give the IPU back (idempotent)."""
+        with _claims_lock:
+            if self._fd is None:
+                return
+            if _claims.get(self.ipu_id) is self:
+                del _claims[self.ipu_id]
+            os.close(self._fd)  # drops the record lock
+            self._fd = None
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown: nothing left to release into
+            pass
+
+
+def _lock_path(ipu_id: int) -> str:
+    folder = os.path.join(tempfile.gettempdir(), f"poptorch_sim-ipus-{os.getuid()}")
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"ipu{ipu_id}.lock")
+
+
+def _refused(ipu_id: int, where: str) -> Error:
+    return Error(
+        f"Failed to acquire IPU with id {ipu_id}: it is attached to another model {where}. "
+        "Call detachFromDevice() (or destroy()) on that model first, choose another id with "
+        "Options.useIpuId, or set POPTORCH_WAIT_FOR_IPU=1 to wait for another process to free it."
+    )
+
+
+def claim_ipu(options: Any) -> IpuClaim | None:
+    """Claim the IPU ``options.useIpuId`` names; None when no id was chosen or no IPU is
+    simulated (``POPTORCH_SIM_NUM_IPUS=0``: PopTorch's IPU Model is a device per model).
+
+    Raises:
+        poptorch.Error: the id is held by another model of this process, or (without
+            ``POPTORCH_WAIT_FOR_IPU``) by a model of another process.
+    """
+    if not options.exists("ipu_id") or env.num_ipus() == 0:
+        return None
+    ipu_id = int(options.ipu_id)
+    if ipu_id in _claims:
+        gc.collect()  # a model no longer referenced still holds it until collected
+    with _claims_lock:
+        if ipu_id in _claims:
+            raise _refused(ipu_id, "in this process")
+        fd = os.open(_lock_path(ipu_id), os.O_RDWR | os.O_CREAT, 0o600)
+        claim = IpuClaim(ipu_id, fd)
+        _claims[ipu_id] = claim  # reserved in this process while waiting for the others
+    wait = env.wait_for_ipu()
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return claim
+        except OSError:
+            if not wait:
+                claim.release()
+                raise _refused(ipu_id, "in another process") from None
+            logger.info("No IPU available, sleeping")
+            time.sleep(_WAIT_S)

@@ -147,3 +147,15 @@ def test_run_script_with_module_runner(tmp_path) -> None:
         cwd=elsewhere,
     )
     assert out.stdout.strip() == "ok ['--flag', '1'] [3.0, 3.0]"
+
+
+def test_private_utils_join_batches_on_dim_0() -> None:
+    import torch
+    from poptorch._utils import combine_batch_tensors_gen
+
+    a = [torch.ones(2, 3), torch.zeros(1)]
+    b = [torch.full((1, 3), 2.0), torch.ones(2)]
+    joined = list(combine_batch_tensors_gen([a, b]))
+    torch.testing.assert_close(joined[0], torch.cat([a[0], b[0]]))
+    torch.testing.assert_close(joined[1], torch.cat([a[1], b[1]]))
+    assert list(combine_batch_tensors_gen([])) == []

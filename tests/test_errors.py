@@ -294,10 +294,21 @@ def test_ops_poptorch_cannot_compile_are_refused_at_compile(case) -> None:
         (lambda x: torch.nn.functional.one_hot(x, num_classes=5), torch.tensor([1, 3])),
         (lambda x: torch.bincount(x, minlength=5), torch.tensor([1, 3, 3])),
         (nn.Upsample(scale_factor=2, mode="nearest"), torch.randn(1, 2, 3)),
+        (lambda x: x.masked_fill(x > 0, 0.0), torch.randn(6)),
+        (lambda x: x[torch.tensor([2, 0])], torch.randn(6)),
     ],
-    ids=["one_hot", "bincount", "nearest"],
+    ids=["one_hot", "bincount", "nearest", "masked_fill", "int_index"],
 )
 def test_the_static_forms_of_those_ops_run_as_eager(fn, x) -> None:
     out, expected = poptorch.inferenceModel(_Call(fn))(x), fn(x)
     # int64 results come back as int32, as from an IPU.
     torch.testing.assert_close(out.to(expected.dtype), expected)
+
+
+def test_boolean_mask_indexing_is_refused_as_a_dynamic_output_shape() -> None:
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+    model = poptorch.inferenceModel(_Call(lambda x: x[x > 0]))
+    with pytest.raises(DynamicOutputShapeException) as info:
+        model.compile(torch.randn(6))
+    assert "torch.where or masked_fill" in "".join(getattr(info.value, "__notes__", []))

@@ -94,8 +94,8 @@ def test_overlap_markers_return_the_same_structure():
 def test_overlap_errors_in_poptorchs_order(sharded, tiles, message):
     class WithLoss(Overlapped):
         def forward(self, x):
-            y, _ = super().forward(x)
-            return y, poptorch.identity_loss(y.sum(), reduction="none")
+            y, idx = super().forward(x)  # both marked outputs are returned, as PopTorch requires
+            return y, idx, poptorch.identity_loss(y.sum(), reduction="none")
 
     model = poptorch.trainingModel(WithLoss(), _options(tiles=tiles, sharded=sharded))
     with pytest.raises(poptorch.Error, match=message):

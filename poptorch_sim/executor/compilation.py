@@ -31,6 +31,7 @@ from ..logger import logger
 from ..memory.build import at_compile as memory_at_compile
 from ..ops.annotations import overlap_marks
 from ..ops.blocks import uses_begin_block
+from ..ops.group_norm import stride_group_norms
 from ..options import Options
 from ..profiling.trace import TraceRecorder
 from ..runtime.intra_op import resolve_threads_per_ipu
@@ -69,6 +70,7 @@ def build_executable(
     training: bool,
     make_trainer: TrainerFactory | None,
     bar: CompilationBar,
+    claim_ipu: Callable[[], None],
 ) -> Executable:
     """Compile ``snapshot`` for inputs shaped like ``bound``.
 
@@ -81,6 +83,8 @@ def build_executable(
         training: whether calls train.
         make_trainer: builds the device trainer of a training model (None for inference).
         bar: the compilation progress bar.
+        claim_ipu: claims the model's IPU; called before the executable is made when the
+            connection type is ``Always`` (PopTorch attaches at compile then).
 
     Returns:
         The executable, with its program's worker threads running.
@@ -98,6 +102,8 @@ def build_executable(
     if training and options.connection_type != ConnectionType.Never:
         synchronize_weights(model, options)
     device = DeviceCopy(snapshot)
+    if options._Popart.options.get("groupNormStridedChannelGrouping"):
+        stride_group_norms(device.model)
     _check_updatable_buffers(options, device.model)
     if (
         options._Popart.options.get("instrumentWithHardwareCycleCounter")
@@ -109,6 +115,8 @@ def build_executable(
     _acquire(
         program.program.meta["num_ipus"] if isinstance(program, StagedRunner) else layout.replicas
     )
+    if options.connection_type == ConnectionType.Always:
+        claim_ipu()  # before the executable, as PopTorch
     marked, overlapped = overlap_marks()
     bar.update(80)
     trainer = make_trainer(device, layout) if make_trainer is not None else None

@@ -9,7 +9,8 @@ versions so that an inference model of the same module can follow them::
     inference call ─► owner's version changed since our last upload? ─► copyWeightsToDevice
 
 It is handed the device copy when the model is compiled (``connect``) and drops it when the
-executable is destroyed (``disconnect``).
+executable is destroyed (``disconnect``). Attaching claims the model's IPU id and detaching
+releases it (See [Note: one model per IPU id] in ``hardware.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from collections.abc import Callable
 
 from torch import nn
 
+from ..hardware import IpuClaim, claim_ipu
 from ..logger import logger
+from ..options import Options
 from .replicas import ReplicaBuffers
 from .weights import DeviceCopy, HostSync, owner_of
 
@@ -34,10 +37,15 @@ class DeviceLink:
         training: whether the executor trains (only then are host accesses hooked).
         destroy: the executor's ``destroy``, which the host model's ``destroy()`` calls. Held
             weakly: the host model never keeps an executor alive.
+        options: the executor's options (which IPU id attaching claims).
     """
 
-    def __init__(self, model: nn.Module, training: bool, destroy: Callable[[], None]) -> None:
+    def __init__(
+        self, model: nn.Module, training: bool, destroy: Callable[[], None], options: Options
+    ) -> None:
         self._model = model
+        self._options = options
+        self._claim: IpuClaim | None = None
         self._training = training
         self._destroy = weakref.WeakMethod(destroy)
         self._device: DeviceCopy | None = None
@@ -57,6 +65,7 @@ class DeviceLink:
         """The executable is gone: detach and unhook the host model."""
         self._device = self._buffers = None
         self.attached = False
+        self._release()
         if self._host_sync is not None:
             self._host_sync.unwrap()
 
@@ -72,8 +81,22 @@ class DeviceLink:
             destroy()
 
     # -- attachment -----------------------------------------------------------------------------
+    def claim(self) -> None:
+        """Claim the model's IPU id, unless this link holds it already.
+
+        Raises:
+            Error: another model holds the id (PopTorch's "Failed to acquire IPU").
+        """
+        if self._claim is None or not self._claim.held:
+            self._claim = claim_ipu(self._options)
+
+    def _release(self) -> None:
+        if self._claim is not None:
+            self._claim.release()
+
     def attach(self) -> None:
         """Attach and upload the host weights (``attachToDevice``, or a call that attaches)."""
+        self.claim()
         self.attached = True
         self.copy_to_device()
 
@@ -81,6 +104,7 @@ class DeviceLink:
         """Read a training model's weights back, then release the device."""
         self.copy_to_host_if_needed()
         self.attached = False
+        self._release()
 
     def mark_trained(self) -> None:
         """A call trained the device copy: the host weights are stale until the next download."""

@@ -27,6 +27,7 @@ from ..ipu_context import running_on_ipu
 from ..logger import logger
 from ..ops.blocks import recording_blocks
 from ..ops.control import training_graph
+from ..ops.overlap_graph import OverlapGraphChecks
 from ..ops.printing import prints_suppressed
 from .fp_checks import FloatingPointChecks
 from .inputs import BoundArgs
@@ -87,17 +88,20 @@ class EagerProgram:
         rng = torch.get_rng_state()
         before = buffer_versions(self.model)
         spotter = _BlockSpotter()
+        overlap = OverlapGraphChecks(mb.tensors())
         try:
             with (
                 torch.set_grad_enabled(self.training),
                 prints_suppressed(),
                 recording_blocks(spotter),
                 PopTorchRefusals(),
+                overlap,
             ):
                 if self.training:
-                    self._first_forward(mb)
+                    leaves = self._first_forward(mb)
                 else:
-                    self.forward(mb, 0)
+                    leaves, _ = self.forward(mb, 0)
+            overlap.check_outputs(leaves)
             self.blocks_seen = spotter.seen
             self.draws_random = not torch.equal(torch.get_rng_state(), rng)
             check_unchanged()
@@ -181,7 +185,7 @@ class EagerProgram:
             leaves, _ = self.forward(mb, r)
         return [_detach(t) for t in leaves]
 
-    def _first_forward(self, mb: BoundArgs) -> None:
+    def _first_forward(self, mb: BoundArgs) -> list[Any]:
         with running_on_ipu(), training_graph(), LossRecorder() as recorder:
             out = self.model(*mb.args, **mb.kwargs)
         leaves, self.out_spec = pytree.tree_flatten(out)
@@ -191,6 +195,7 @@ class EagerProgram:
             logger.warning(NOTHING_TO_TRAIN)
         leaf = next((i for i, t in enumerate(leaves) if t is loss), None)
         self.loss = LossLocator(leaf, k)
+        return leaves
 
     def run(
         self,

@@ -70,7 +70,7 @@ class PoplarExecutor:
         self._seed_pending = False  # randomSeed: seed the device RNG at the next attach
         self._call_lock = threading.RLock()  # See [Note: calls from several threads]
         self._optim = OptimizerLink(model, self._options, optimizer) if training else None
-        self._link = DeviceLink(model, training, self.destroy)
+        self._link = DeviceLink(model, training, self.destroy, self._options)
         self._link.hook_host()
 
     # -- calling --------------------------------------------------------------------------------
@@ -136,6 +136,7 @@ class PoplarExecutor:
             self._training,
             self._optim.build_trainer if self._optim is not None else None,
             bar,
+            self._link.claim,
         )
         self._memory_report = exe.memory  # read by poptorch_sim.memory_report
         self._executable = exe
@@ -369,7 +370,7 @@ class PoplarExecutor:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._call_lock = threading.RLock()
-        self._link = DeviceLink(self._user_model, self._training, self.destroy)
+        self._link = DeviceLink(self._user_model, self._training, self.destroy, self._options)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_user_model", "_options"):

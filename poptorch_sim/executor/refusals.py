@@ -9,6 +9,7 @@ op fine on the host; refusing it too keeps a program that runs here one that com
     torch.bincount(x) (no minlength)              Bincount `minlength` must be specified ...
     F.interpolate / nn.Upsample, linear or        Unsupported upsample mode aten::upsample_...:
       trilinear mode                                currently only 'nearest' is supported
+    x[mask] (a bool / uint8 tensor index)         torch's DynamicOutputShapeException (aten.index)
 
 Simulated: checked on the first micro-batch of a model that runs as one program (compile
 time); the stages of a pipelined or sharded program are not checked.
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.overrides import TorchFunctionMode
 
 from ..errors import Error
@@ -39,6 +42,14 @@ def _arg(
     if name in kwargs:
         return kwargs[name]
     return args[index] if len(args) > index else default
+
+
+def _mask_index(index: Any) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) and i.dim() > 0
+        for i in items
+    )
 
 
 class PopTorchRefusals(TorchFunctionMode):
@@ -67,4 +78,11 @@ class PopTorchRefusals(TorchFunctionMode):
                     f"Unsupported upsample mode aten::{_UPSAMPLE_OPS[mode]}: currently only "
                     "'nearest' is supported"
                 )
+        if name == "__getitem__" and _mask_index(args[1] if len(args) > 1 else None):
+            err = DynamicOutputShapeException(torch.ops.aten.index.Tensor)
+            err.add_note(
+                "Indexing with a boolean mask gives an output whose size depends on the mask's "
+                "values, which a static IPU graph cannot hold: use torch.where or masked_fill."
+            )
+            raise err
         return func(*args, **kwargs)

@@ -24,6 +24,7 @@ from torch import nn
 
 from ..errors import Error
 from ..logger import logger
+from ..ops.batchnorm import adapt_mixed_batch_norms
 from .device_tree import device_tree
 from .precision import weights_follow_activations
 from .rebind import rebind_to_copies
@@ -269,6 +270,7 @@ class DeviceCopy:
         with _NoSync():
             self.model, memo = device_tree(host)
         weights_follow_activations(self.model)
+        adapt_mixed_batch_norms(self.model)  # half weights, float running statistics
         rebuilt = rebind_to_copies(self.model, memo)
         if rebuilt:
             logger.debug(

@@ -15,6 +15,7 @@ from torch.utils import _pytree as pytree
 from ..enums import MatMulSerializationMode, OverlapMode
 from ..errors import createPoptorchError
 from .fx_leaf import fx_leaf, is_proxy
+from .overlap_graph import check_marked_input, note_marked_output
 
 __all__ = [
     "nop",
@@ -217,6 +218,10 @@ def _mark_overlap(tensors: Any, mode: OverlapMode, what: str) -> Any:
                 f"You may only set overlap for torch.tensor {what}s. {type(leaf)} is not "
                 "supported."
             )
+    if what == "input":
+        check_marked_input(tensors)
+    else:
+        note_marked_output(tensors)
     _overlap.marked = True
     if mode is not OverlapMode.NoOverlap:
         _overlap.requested = True
@@ -233,8 +238,9 @@ def set_overlap_for_input(input_tensors: Any, mode: OverlapMode) -> Any:
     ``NoOverlap`` and that has ``numIOTiles`` set does the same copies just in time, one phase
     after the other, as PopTorch's NoOverlap (compute tiles, JustInTime) does; without marks,
     or without IO tiles, the simulator's host memory is its device memory and inputs are not
-    copied. PopTorch's graph rules on the marks (an input marker must be the input's only
-    use, a marked output returned once) are not checked. See tests/test_footguns.py.
+    copied. PopTorch's graph rules on the marks (an input marker on a model input, before any
+    other use; a marked output returned once) are checked at compile time (ops/overlap_graph.py).
+    See tests/test_footguns.py.
 
     Args:
         input_tensors: a tensor or any nesting of tuples, lists and dicts of tensors.

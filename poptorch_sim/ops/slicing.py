@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import createPoptorchError
+from ..runtime.dtypes import host_dtype
 from .fx_leaf import fx_leaf
 
 __all__ = ["dynamic_slice", "dynamic_update"]
@@ -134,7 +135,9 @@ def _check_update_args(
         )
     if input.dtype != src.dtype:
         raise createPoptorchError(
-            f"input and src tensor must have same dtype. ({input.dtype} vs {src.dtype})"
+            # Named as the IPU holds them (int64 is int32 there), as PopTorch names them.
+            "input and src tensor must have same dtype. "
+            f"({host_dtype(input.dtype)} vs {host_dtype(src.dtype)})"
         )
 
 

@@ -1,0 +1,63 @@
+"""Batch norms with half weights and float running statistics run, against eager PyTorch with
+the statistics cast by hand (eager PyTorch on a CPU refuses the mix itself)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import poptorch
+
+
+def _half_bn_float_stats() -> nn.BatchNorm2d:
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(4)
+    with torch.no_grad():
+        bn.running_mean += torch.randn(4)
+        bn.running_var += torch.rand(4)
+        bn.weight += torch.randn(4) * 0.1
+    bn.half()
+    bn.running_mean = bn.running_mean.float()
+    bn.running_var = bn.running_var.float()
+    return bn
+
+
+def _reference(
+    bn: nn.BatchNorm2d, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the mix means: normalise with the statistics in the input's type, keep them in float."""
+    mean, var = bn.running_mean.half(), bn.running_var.half()
+    out = nn.functional.batch_norm(
+        x, mean, var, bn.weight, bn.bias, bn.training, bn.momentum, bn.eps
+    )
+    return out, mean.float(), var.float()
+
+
+def test_eager_pytorch_refuses_the_mix_on_a_cpu() -> None:
+    with pytest.raises(RuntimeError, match="expected scalar type Half but found Float"):
+        _half_bn_float_stats().eval()(torch.randn(2, 4, 3, 3).half())
+
+
+class _WithStats(nn.Module):
+    def __init__(self, bn: nn.BatchNorm2d) -> None:
+        super().__init__()
+        self.bn = bn
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.bn(x), self.bn.running_mean, self.bn.running_var
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_half_batch_norm_with_float_statistics(training: bool) -> None:
+    bn = _half_bn_float_stats().train(training)
+    ref, mean, var = _reference(copy.deepcopy(bn), x := torch.randn(2, 4, 3, 3).half())
+    out, dev_mean, dev_var = poptorch.inferenceModel(_WithStats(bn))(x)
+    torch.testing.assert_close(out, ref)
+    assert out.dtype == torch.float16
+    # The statistics stay float; in training mode they take the update, as eager PyTorch's.
+    assert dev_mean.dtype == dev_var.dtype == torch.float32
+    torch.testing.assert_close(dev_mean, mean, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(dev_var, var, atol=1e-3, rtol=1e-3)
