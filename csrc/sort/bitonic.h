@@ -92,6 +92,13 @@ using U32 = Split<bitonic::U32<W>, uint32_t>;
       scalar_t* values, int64_t* indices, int64_t* buf) {                                     \
     NETWORK::sort_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values, indices,  \
                                                buf);                                          \
+  }                                                                                           \
+  template <typename Codec, typename scalar_t>                                                \
+  ATTRIBUTE void sort_wide_rows##SUFFIX(                                                      \
+      const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,           \
+      scalar_t* values, int64_t* indices, int64_t* buf) {                                     \
+    NETWORK::sort_wide_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values,      \
+                                                    indices, buf);                            \
   }
 POPSIM_BITONIC_VARIANT(_avx512, POPSIM_AVX512, native, 8)
 POPSIM_BITONIC_VARIANT(_avx2, POPSIM_AVX2, native, 4)
