@@ -30,8 +30,10 @@
 // Rows of up to kBitonicRowMax items (sort.cpp) are sorted whole by the network, one tile per
 // group of rows (rows of at most kRun items W at a time, by columns); groups of the scatter sort
 // and tiles' slices of up to kBitonicBaseMax items use it as their base case. Both limits were
-// chosen by measurement (benchmarks/RESULTS.md, "Short rows"). Float32 and int32 rows make their
-// items and write their values 2W at a time; the other dtypes one at a time through their codec.
+// chosen by measurement (benchmarks/RESULTS.md, "Short rows"). Float32, int32, float16, bfloat16
+// and int16 rows make their items and write their values 2W at a time; int8 and uint8 one at a
+// time through their codec; int64 and float64 rows through a 32-bit window of their keys (see
+// [Note: wide keys] in bitonic/row_loops.inc).
 #pragma once
 
 // The standard headers of the network's code (the .inc files below, included into namespaces).

@@ -9,6 +9,7 @@
 // keep their input order, as torch.sort(stable=True) does. Values of 32 bits or fewer pack key
 // and index into one uint64 (key << 32 | index); 64-bit values use a {key, index} pair.
 // Values are read back from the key when the row holds no NaN or -0.0 (exact), else gathered.
+// float16 keys are the same map on the 16 bits, in the high half of 32 (half_key).
 #pragma once
 
 #include <algorithm>
