@@ -93,9 +93,9 @@ def test_non_contiguous_rows_and_other_dims() -> None:
 
 
 def _wide_rows(dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """64-bit rows whose keys span more than 32 bits but many of which share their top 32 bits:
-    the network sorts them by a window of 32 bits, the rest by a second pass (see [Note: wide
-    keys] in csrc/sort/bitonic/row_loops.inc)."""
+    """64-bit rows whose keys span more than 2^32 and many of which differ in their low bits only:
+    the network sorts them by a window of 32 bits, runs of equal windows are sorted after it (see
+    [Note: wide keys] in csrc/sort/bitonic/row_loops.inc)."""
     g = torch.Generator().manual_seed(seed)
     rows, n = 6, 3000
     if dtype == torch.int64:
@@ -118,6 +118,8 @@ def test_wide_keys_that_differ_below_their_top_32_bits(
     _check(x, descending=descending)
     _check(x[:, :16], descending=descending)  # rows of one column block
     _check(x.remainder(1 << 20) if dtype == torch.int64 else x.abs(), descending=descending)
+    small = torch.randint(-30_000, 30_000, (5, 999), generator=torch.Generator().manual_seed(3))
+    _check(small.to(dtype), descending=descending)  # a span below 2^32 around zero: exact
 
 
 def test_all_equal_and_already_sorted_rows() -> None:
