@@ -121,6 +121,52 @@ def short_sort_rows(quick: bool) -> list[Row]:
                 bool(np.array_equal(values.numpy(), np.sort(xn, axis=1))),
             ),
         ]
+    return rows + short_sort_rows_other_dtypes(quick)
+
+
+def short_sort_rows_other_dtypes(quick: bool) -> list[Row]:
+    """Short rows of 16-bit and 64-bit keys (2^20 in all) against torch.sort and np.sort."""
+    total = 1 << (16 if quick else 20)
+    repeats = 3 if quick else 9
+    rows = []
+    for dtype in (torch.float16, torch.bfloat16, torch.int16, torch.float64, torch.int64):
+        for n in (64, 1024, 32768):
+            if dtype.is_floating_point:
+                x = torch.randn(total // n, n).to(dtype)
+            else:
+                x = torch.randint(torch.iinfo(dtype).min, torch.iinfo(dtype).max, (total // n, n))
+                x = x.to(dtype)
+            values, indices = kernels.sort(x, dim=1)
+            ref_values, ref_indices = torch.sort(x, dim=1, stable=True)
+            size = f"{total // n}x{n} {str(dtype).removeprefix('torch.')}"
+            rows.append(
+                Row(
+                    "sort rows",
+                    size,
+                    *interleaved(
+                        lambda x=x: kernels.sort(x, dim=1),
+                        lambda x=x: torch.sort(x, dim=1),
+                        repeats,
+                    ),
+                    "torch.sort",
+                    torch.equal(values, ref_values) and torch.equal(indices, ref_indices),
+                )
+            )
+            if dtype != torch.bfloat16:  # numpy has no bfloat16
+                xn = x.numpy()
+                rows.append(
+                    Row(
+                        "sort rows",
+                        size,
+                        *interleaved(
+                            lambda x=x: kernels.sort(x, dim=1),
+                            lambda xn=xn: np.sort(xn, axis=1),
+                            repeats,
+                        ),
+                        "np.sort (values only)",
+                        bool(np.array_equal(values.numpy(), np.sort(xn, axis=1))),
+                    )
+                )
     return rows
 
 

@@ -92,11 +92,43 @@ def test_non_contiguous_rows_and_other_dims() -> None:
     _check(_rows(1, 50, torch.int16, seed=6).view(50), dim=0)  # one 1-D row
 
 
+def _wide_rows(dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """64-bit rows whose keys span more than 2^32 and many of which differ in their low bits only:
+    the network sorts them by a window of 32 bits, runs of equal windows are sorted after it (see
+    [Note: wide keys] in csrc/sort/bitonic/row_loops.inc)."""
+    g = torch.Generator().manual_seed(seed)
+    rows, n = 6, 3000
+    if dtype == torch.int64:
+        high = torch.randint(-2, 2, (rows, n), generator=g) << 40
+        return high + torch.randint(0, 1 << 12, (rows, n), generator=g)
+    # float64 values that differ in their lowest mantissa bits only, and their negatives
+    low = torch.randint(0, 1 << 12, (rows, n), generator=g, dtype=torch.float64) * 2.0**-45
+    sign = torch.randint(0, 2, (rows, n), generator=g, dtype=torch.float64) * 2 - 1
+    x = sign * (1.0 + low)
+    x[:, :8] = torch.tensor(SPECIALS + [1.0, -1.0], dtype=torch.float64)
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64], ids=str)
+@pytest.mark.parametrize("descending", [False, True], ids=["ascending", "descending"])
+def test_wide_keys_that_differ_below_their_top_32_bits(
+    dtype: torch.dtype, descending: bool
+) -> None:
+    x = _wide_rows(dtype, seed=12)
+    _check(x, descending=descending)
+    _check(x[:, :16], descending=descending)  # rows of one column block
+    _check(x.remainder(1 << 20) if dtype == torch.int64 else x.abs(), descending=descending)
+    small = torch.randint(-30_000, 30_000, (5, 999), generator=torch.Generator().manual_seed(3))
+    _check(small.to(dtype), descending=descending)  # a span below 2^32 around zero: exact
+
+
 def test_all_equal_and_already_sorted_rows() -> None:
     _check(torch.zeros(9, 33))
     _check(torch.full((4, 64), float("nan")))
     _check(torch.arange(256.0).repeat(3, 1), descending=True)
     _check(torch.arange(256, 0, -1, dtype=torch.int32).repeat(3, 1))
+    _check(torch.zeros(5, 100, dtype=torch.float64))
+    _check(torch.arange(1000, 0, -1, dtype=torch.int64).repeat(3, 1) << 40)
 
 
 @pytest.mark.parametrize(
@@ -114,7 +146,8 @@ def test_all_equal_and_already_sorted_rows() -> None:
 def test_narrower_variants_give_the_same_bits(level: str) -> None:
     # Short rows of every length the network pads differently, and one long row whose
     # scatter-sort groups (about 32 items each) take the network as their base case.
-    cases = [_rows(33, n, dtype, seed=n) for n in (3, 16, 17, 100, 256) for dtype in DTYPES[:3]]
+    cases = [_rows(33, n, dtype, seed=n) for n in (3, 16, 17, 100, 256) for dtype in DTYPES]
+    cases += [_wide_rows(dtype, seed=13) for dtype in (torch.int64, torch.float64)]
     long_row = _rows(1, 1 << 17, torch.float32, seed=7).view(-1)
     cases += [long_row, long_row.to(torch.int32)]
     cases += [torch.randn(4099, 16), torch.randn(65, 1024)]  # streamed out by one tile
@@ -141,12 +174,8 @@ def _check_8_lanes(x: torch.Tensor, descending: bool = False) -> None:
     assert torch.equal(_bits(values), _bits(x).gather(-1, ref_indices))
 
 
-# The hook's dtypes: the vector paths (float32, int32) and the scalar one (float16).
-EIGHT_LANE_DTYPES = [torch.float32, torch.int32, torch.float16]
-
-
 @pytest.mark.skipif("avx2" not in LEVELS, reason="the 8-lane network is compiled for AVX2 here")
-@pytest.mark.parametrize("dtype", EIGHT_LANE_DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_8_lane_network_matches_stable_torch_sort(dtype: torch.dtype) -> None:
     # The AVX-512 variant's logic (8 lanes), compiled for AVX2 so that it runs without AVX-512:
     # every length it pads or dispatches differently (P = 8, 16, the long rows from 17).
@@ -155,11 +184,13 @@ def test_8_lane_network_matches_stable_torch_sort(dtype: torch.dtype) -> None:
     with kernels.tiles(1):  # one tile writes >= 2^16 items: streamed out (n = 16 and 1024)
         for n in (16, 1024):
             _check_8_lanes(torch.randn((1 << 16) // n + 3, n).to(dtype))
+    if dtype in (torch.int64, torch.float64):
+        _check_8_lanes(_wide_rows(dtype, seed=14), descending=True)
 
 
 @pytest.mark.skipif("avx2" not in LEVELS, reason="the 8-lane network is compiled for AVX2 here")
 def test_8_lane_network_names_what_it_cannot_sort() -> None:
-    with pytest.raises(RuntimeError, match="float32, int32 or float16, got Long"):
-        torch.ops.poptorch_sim._sort_rows_8_lanes(torch.arange(5))
+    with pytest.raises(RuntimeError, match="unsupported dtype Bool"):
+        torch.ops.poptorch_sim._sort_rows_8_lanes(torch.ones(5, dtype=torch.bool))
     with pytest.raises(RuntimeError, match="rows of at most 32768 items, got 32769"):
         torch.ops.poptorch_sim._sort_rows_8_lanes(torch.randn(32769))

@@ -30,8 +30,10 @@
 // Rows of up to kBitonicRowMax items (sort.cpp) are sorted whole by the network, one tile per
 // group of rows (rows of at most kRun items W at a time, by columns); groups of the scatter sort
 // and tiles' slices of up to kBitonicBaseMax items use it as their base case. Both limits were
-// chosen by measurement (benchmarks/RESULTS.md, "Short rows"). Float32 and int32 rows make their
-// items and write their values 2W at a time; the other dtypes one at a time through their codec.
+// chosen by measurement (benchmarks/RESULTS.md, "Short rows"). Float32, int32, float16, bfloat16
+// and int16 rows make their items and write their values 2W at a time; int8 and uint8 one at a
+// time through their codec; int64 and float64 rows through a 32-bit window of their keys (see
+// [Note: wide keys] in bitonic/row_loops.inc).
 #pragma once
 
 // The standard headers of the network's code (the .inc files below, included into namespaces).
@@ -92,6 +94,13 @@ using U32 = Split<bitonic::U32<W>, uint32_t>;
       scalar_t* values, int64_t* indices, int64_t* buf) {                                     \
     NETWORK::sort_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values, indices,  \
                                                buf);                                          \
+  }                                                                                           \
+  template <typename Codec, typename scalar_t>                                                \
+  ATTRIBUTE void sort_wide_rows##SUFFIX(                                                      \
+      const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,           \
+      scalar_t* values, int64_t* indices, int64_t* buf) {                                     \
+    NETWORK::sort_wide_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values,      \
+                                                    indices, buf);                            \
   }
 POPSIM_BITONIC_VARIANT(_avx512, POPSIM_AVX512, native, 8)
 POPSIM_BITONIC_VARIANT(_avx2, POPSIM_AVX2, native, 4)

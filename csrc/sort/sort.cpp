@@ -128,9 +128,15 @@ void sort_rows_bitonic(
                                 : n <= 256  ? simd::Family::kSortRows256
                                 : n <= 4096 ? simd::Family::kSortRows4096
                                             : simd::Family::kSortRows32768;
-    sort_rows = simd::pick(simd::level(family), &bitonic::sort_rows_avx512<Codec, scalar_t>,
-                           &bitonic::sort_rows_avx2<Codec, scalar_t>,
-                           &bitonic::sort_rows_base<Codec, scalar_t>);
+    if constexpr (bitonic::kWideKeys<scalar_t>) {  // see [Note: wide keys]
+      sort_rows = simd::pick(simd::level(family), &bitonic::sort_wide_rows_avx512<Codec, scalar_t>,
+                             &bitonic::sort_wide_rows_avx2<Codec, scalar_t>,
+                             &bitonic::sort_wide_rows_base<Codec, scalar_t>);
+    } else {
+      sort_rows = simd::pick(simd::level(family), &bitonic::sort_rows_avx512<Codec, scalar_t>,
+                             &bitonic::sort_rows_avx2<Codec, scalar_t>,
+                             &bitonic::sort_rows_base<Codec, scalar_t>);
+    }
   }
   const int64_t size = bitonic::rows_buffer_size(n);
   scope.superstep(tiles, [&](int64_t tile) {
@@ -185,7 +191,8 @@ void sort_last_dim(
     const scalar_t* in = input.const_data_ptr<scalar_t>();
     scalar_t* out = values.defined() ? values.mutable_data_ptr<scalar_t>() : nullptr;
     int64_t* idx = indices.mutable_data_ptr<int64_t>();
-    if constexpr (std::is_same<typename Codec::Item, uint64_t>::value) {
+    if constexpr (std::is_same<typename Codec::Item, uint64_t>::value ||
+                  bitonic::kWideKeys<scalar_t>) {
       if (n <= kBitonicRowMax) {
         sort_rows_bitonic<Codec>(in, rows, n, flip, out, idx, scope);
         return;
@@ -233,8 +240,8 @@ at::Tensor argsort_cpu(const at::Tensor& self, int64_t dim, bool descending) {
 
 // For the tests: sort's values and indices along the last dimension, every row by the 8-lane
 // network that AVX-512 CPUs run, here compiled for AVX2, so that its logic is checked on CPUs
-// without AVX-512 too. float32 and int32 take the vector paths, float16 the scalar one that the
-// other narrow dtypes share.
+// without AVX-512 too. float32, int32 and the 16-bit dtypes take the vector paths, the 8-bit ones
+// the scalar codec, int64 and float64 the wide-key rows (see [Note: wide keys]).
 std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, bool descending) {
   check_sortable(self, "_sort_rows_8_lanes");
   TORCH_CHECK(simd::supported() >= simd::Level::kAvx2,
@@ -249,29 +256,21 @@ std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, boo
   if (input.numel() == 0) {
     return {values, indices};
   }
-  const auto sort = [&](auto scalar_tag) {
+  dispatch_sort_type(input.scalar_type(), "_sort_rows_8_lanes", [&](auto scalar_tag,
+                                                                    auto codec_tag) {
     using scalar_t = decltype(scalar_tag);
-    using Codec = Codec32<scalar_t>;
+    using Codec = decltype(codec_tag);
+    RowSort<scalar_t> sort_rows;
+    if constexpr (bitonic::kWideKeys<scalar_t>) {
+      sort_rows = &bitonic::sort_wide_rows_8_lanes_avx2<Codec, scalar_t>;
+    } else {
+      sort_rows = &bitonic::sort_rows_8_lanes_avx2<Codec, scalar_t>;
+    }
     KernelScope scope("sort");
     sort_rows_bitonic<Codec>(input.const_data_ptr<scalar_t>(), input.numel() / n, n,
                              descending ? 0xffffffffu : 0u, values.mutable_data_ptr<scalar_t>(),
-                             indices.mutable_data_ptr<int64_t>(), scope,
-                             &bitonic::sort_rows_8_lanes_avx2<Codec, scalar_t>);
-  };
-  switch (input.scalar_type()) {
-    case at::kFloat:
-      sort(float{});
-      break;
-    case at::kInt:
-      sort(int32_t{});
-      break;
-    case at::kHalf:
-      sort(c10::Half{});
-      break;
-    default:
-      TORCH_CHECK(false, "poptorch_sim::_sort_rows_8_lanes: float32, int32 or float16, got ",
-                  input.scalar_type());
-  }
+                             indices.mutable_data_ptr<int64_t>(), scope, sort_rows);
+  });
   return {values, indices};
 }
 

@@ -9,6 +9,7 @@
 // keep their input order, as torch.sort(stable=True) does. Values of 32 bits or fewer pack key
 // and index into one uint64 (key << 32 | index); 64-bit values use a {key, index} pair.
 // Values are read back from the key when the row holds no NaN or -0.0 (exact), else gathered.
+// float16 keys are the same map on the 16 bits, in the high half of 32 (half_key).
 #pragma once
 
 #include <algorithm>
@@ -72,6 +73,25 @@ inline double double_from_key(uint64_t key) {
   return v;
 }
 
+// float16 keys: the value's 16-bit order-preserving key (as float_key makes it for float32) in
+// the high half, so that the network's vector code makes them from the bits alone, 2W at a time
+// (item_vectors.inc; float16 has no conversion to float32 in AVX2). NaN -> 0xffff0000.
+inline uint32_t half_key(c10::Half v, uint32_t& flags) {
+  const uint32_t bits = v.x;
+  const bool is_nan = (bits & 0x7fffu) > 0x7c00u;
+  const bool neg_zero = bits == 0x8000u;
+  flags |= static_cast<uint32_t>(is_nan | neg_zero);
+  const uint32_t b = neg_zero ? 0u : bits;
+  const uint32_t key = (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
+  return (is_nan ? 0xffffu : key) << 16;
+}
+
+inline c10::Half half_from_key(uint32_t key) {
+  const uint32_t k = key >> 16;
+  const uint32_t bits = (k & 0x8000u) ? (k ^ 0x8000u) : (~k & 0xffffu);
+  return c10::Half(static_cast<uint16_t>(bits), c10::Half::from_bits());
+}
+
 // Codec for values of at most 32 bits: item = key << 32 | index.
 template <typename scalar_t>
 struct Codec32 {
@@ -79,7 +99,9 @@ struct Codec32 {
   static constexpr bool kIsFloat = !std::is_integral<scalar_t>::value;
   static Item sentinel() { return ~uint64_t{0}; }
   static uint32_t key(scalar_t v, uint32_t& flags) {
-    if constexpr (kIsFloat) {
+    if constexpr (std::is_same<scalar_t, c10::Half>::value) {
+      return half_key(v, flags);
+    } else if constexpr (kIsFloat) {
       return float_key(static_cast<float>(v), flags);
     } else {
       return static_cast<uint32_t>(static_cast<int32_t>(v)) ^ 0x80000000u;
@@ -91,7 +113,9 @@ struct Codec32 {
   static int64_t index(Item item) { return static_cast<int64_t>(item & 0xffffffffu); }
   static scalar_t value(Item item, uint32_t flip) {
     const uint32_t k = static_cast<uint32_t>(item >> 32) ^ flip;
-    if constexpr (kIsFloat) {
+    if constexpr (std::is_same<scalar_t, c10::Half>::value) {
+      return half_from_key(k);
+    } else if constexpr (kIsFloat) {
       return static_cast<scalar_t>(float_from_key(k));
     } else {
       return static_cast<scalar_t>(static_cast<int32_t>(k ^ 0x80000000u));

@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 namespace poptorch_sim {
 namespace sorting {
 namespace bitonic {
@@ -40,11 +43,27 @@ constexpr int64_t padded_size(int64_t n, int lanes) {
   return size;
 }
 
-// Codecs whose items the row loops (row_loops.inc) make and read back W at a time: float32 and
-// int32.
+// Codecs whose items the row loops (row_loops.inc) make and read back 2W at a time: float32,
+// int32 and the 16-bit dtypes (float16, bfloat16, int16), whose 2W values are widened to 32-bit
+// lanes (see read_lanes in item_vectors.inc).
 template <typename scalar_t>
 constexpr bool kVectorCodec = std::is_same<scalar_t, float>::value ||
-                              std::is_same<scalar_t, int32_t>::value;
+                              std::is_same<scalar_t, int32_t>::value ||
+                              std::is_same<scalar_t, int16_t>::value ||
+                              std::is_same<scalar_t, c10::Half>::value ||
+                              std::is_same<scalar_t, c10::BFloat16>::value;
+
+// Floating-point dtypes among them, whose keys map NaN and -0.0 (see [Note: sort keys]).
+template <typename scalar_t>
+constexpr bool kFloatLanes = std::is_same<scalar_t, float>::value ||
+                             std::is_same<scalar_t, c10::Half>::value ||
+                             std::is_same<scalar_t, c10::BFloat16>::value;
+
+// 64-bit dtypes, which the network sorts by a 32-bit window of their keys (see [Note: wide keys]
+// in row_loops.inc).
+template <typename scalar_t>
+constexpr bool kWideKeys = std::is_same<scalar_t, double>::value ||
+                           std::is_same<scalar_t, int64_t>::value;
 
 }  // namespace bitonic
 }  // namespace sorting

@@ -31,6 +31,12 @@ struct VecDouble {
   typedef double type __attribute__((vector_size(8 * W)));
 };
 
+// A GCC vector of N lanes of E (16-bit values and their 32-bit widenings, item_vectors.inc).
+template <typename E, int N>
+struct Lanes {
+  typedef E type __attribute__((vector_size(sizeof(E) * N)));
+};
+
 #define POPSIM_INLINE inline __attribute__((always_inline))
 
 // [Note: split 8-lane vectors]
