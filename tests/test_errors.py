@@ -190,8 +190,9 @@ def test_throw_test_error_recovery_action_and_link_output() -> None:
 
 
 def test_is_compiling_with_dispatcher_only_inside_a_capture() -> None:
-    from poptorch_sim.ipu_context import running_on_ipu
     from poptorch_sim.poptorch_core import isCompilingWithDispatcher
+
+    from poptorch_sim.ipu_context import running_on_ipu
 
     assert not isCompilingWithDispatcher()
     with running_on_ipu():
