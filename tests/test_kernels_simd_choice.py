@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +22,7 @@ SUPPORTED = ALL[: ALL.index(kernels.supported_simd_level()) + 1]
 
 @pytest.fixture(autouse=True)
 def restore_choices() -> Iterator[None]:
-    """Puts back the choices the import made (the tests below overwrite them)."""
+    """Puts back the choices made so far (the tests below overwrite them)."""
     before = {family: engine.set_simd_choice(family, "") for family in engine.simd_families()}
     for family, level in before.items():
         engine.set_simd_choice(family, level)
@@ -176,20 +180,146 @@ def test_every_sort_family_gives_the_same_bits_in_every_variant(level: str) -> N
             assert torch.equal(got_values, ref_values) and torch.equal(got_indices, ref_indices)
 
 
-def test_measure_0_turns_measuring_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args: object) -> dict[str, str]:
-        raise AssertionError("choose() ran")
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Timings:
+    """A process in which no family is chosen yet, an empty cache and an injected timer."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(simd_choice, "_settled", set())
+    timer = Timings({"base": 2.0, "avx2": 1.0, "avx512": 3.0})
+    monkeypatch.setattr(simd_choice, "measure", timer)
+    return timer
 
-    monkeypatch.setattr(simd_choice, "choose", refuse)
-    monkeypatch.setenv("POPTORCH_SIM_SIMD_MEASURE", "0")
-    simd_choice.apply()
+
+def cached_families(key: str | None = None) -> set[str]:
+    entries = json.loads(simd_choice.cache_file().read_text())["entries"]
+    return set(entries[key or simd_choice._key()])
 
 
-def test_measuring_at_import_leaves_the_counters_at_zero(
+def test_importing_measures_nothing_and_reads_the_cached_choices(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    script = (
+        "from poptorch_sim.kernels import engine, simd_choice as sc\n"
+        "print(sorted(sc.settled()), engine.simd_family_level('sort_rows_16'))\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(root)}
+    env.pop("POPTORCH_SIM_SIMD", None)
+    env.pop("POPTORCH_SIM_SIMD_MEASURE", None)
+    # times for one family: its choice is set at import, no other family is measured
+    path = tmp_path / "poptorch_sim" / "simd_choice.json"
+    slowest_widest = {level: 1.0 + (level == SUPPORTED[-1]) for level in SUPPORTED}
+    simd_choice._merge(path, simd_choice._key(), {"sort_rows_16": slowest_widest})
+    before = path.read_text()
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, check=True,
+                         capture_output=True, text=True)  # fmt: skip
+    want = SUPPORTED[-1] if len(SUPPORTED) == 1 else SUPPORTED[-2]
+    assert out.stdout.strip() == f"['sort_rows_16'] {want}"
+    assert path.read_text() == before
+
+
+def test_a_family_is_measured_once_on_first_use(fresh: Timings) -> None:
+    x = torch.randn(8, 100)
+    values, indices = kernels.sort(x)
+    assert fresh.calls == [("sort_rows_256", level) for level in SUPPORTED]
+    assert engine.simd_family_level("sort_rows_256") == ("avx2" if "avx2" in SUPPORTED else "base")
+    ref = torch.sort(x, stable=True)
+    assert torch.equal(values, ref.values) and torch.equal(indices, ref.indices)
+    kernels.sort(x, descending=True)
+    kernels.argsort(x.t(), dim=0)  # the same row length class
+    assert len(fresh.calls) == len(SUPPORTED)
+    assert simd_choice.settled() == {"sort_rows_256"}
+    kernels.sort(torch.randn(3, 10))
+    kernels.topk(torch.randn(3, 10), 2)  # top-k: no SIMD variants, no choice
+    assert simd_choice.settled() == {"sort_rows_256", "sort_rows_16"}
+    assert cached_families() == {"sort_rows_256", "sort_rows_16"}
+
+
+def test_each_wrapper_chooses_its_family(fresh: Timings) -> None:
+    boxes = torch.tensor([[0.0, 0, 2, 2], [0, 0, 2, 1.9], [5, 5, 6, 6]])
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    assert kernels.nms(boxes, scores, 0.5).tolist() == [0, 2]
+    assert simd_choice.settled() == {"nms", "sort_rows_16"}  # NMS sorts the scores as one row
+    kernels.sort(torch.randn(1 << 16))
+    kernels.accumulate_(torch.zeros(4), torch.ones(4))
+    kernels.grad_norm([torch.ones(4)])
+    assert simd_choice.settled() == {"nms", "sort_rows_16", "sort_long", "accumulate",
+                                     "optimizer"}  # fmt: skip
+
+
+def test_other_families_and_entries_in_the_cache_survive(fresh: Timings) -> None:
+    path = simd_choice.cache_file()
+    key = simd_choice._key()
+    times = {level: 1.0 + (level != "base") for level in ALL}
+    simd_choice._merge(path, key, {"nms": times, "optimizer": times})
+    simd_choice._merge(path, "other cpu", {"nms": {"base": 5.0}})
+    kernels.sort(torch.randn(2, 300))
+    kernels.nms(torch.tensor([[0.0, 0, 1, 1]]), torch.tensor([1.0]), 0.5)  # cached: not timed
+    assert {family for family, _ in fresh.calls} == {"sort_rows_4096", "sort_rows_16"}
+    assert engine.simd_family_level("nms") == "base"
+    entries = json.loads(path.read_text())["entries"]
+    assert entries["other cpu"] == {"nms": {"base": 5.0}}
+    assert set(entries[key]) == {"nms", "optimizer", "sort_rows_4096", "sort_rows_16"}
+    assert entries[key]["nms"] == times
+
+
+def test_concurrent_writers_keep_every_family(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    families = [f"family_{i}" for i in range(8)]
+
+    def write(family: str) -> None:
+        for level in ALL:
+            simd_choice._merge(path, "cpu", {family: {level: 1.0}})
+
+    threads = [threading.Thread(target=write, args=(family,)) for family in families]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    entry = json.loads(path.read_text())["entries"]["cpu"]
+    assert entry == {family: {level: 1.0 for level in ALL} for family in families}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "c.json.lock"]  # no temp
+
+
+def test_first_use_keeps_the_counters_and_the_pinned_level(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(simd_choice, "measure", lambda family, level: 1.0)
-    torch.ops.poptorch_sim.sort(torch.randn(10))
-    simd_choice.apply()  # an empty cache: every family measured
+    monkeypatch.setattr(simd_choice, "_settled", set())
+    kernels.reset_counters()
+    with kernels.simd(SUPPORTED[0]):
+        kernels.sort(torch.randn(4, 10))  # measured for real: the sample's sorts run
+        assert kernels.simd_level() == SUPPORTED[0]
+    assert simd_choice.settled() == {"sort_rows_16"}
+    assert kernels.counters()["sort"].calls == 1
+    kernels.sort(torch.randn(3))
+    assert kernels.counters()["sort"].calls == 2
+    kernels.reset_counters()
     assert kernels.counters() == {}
+
+
+def test_traced_fake_and_meta_calls_measure_nothing(fresh: Timings) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        kernels.sort(torch.empty(3, 100))
+    kernels.sort(torch.empty(3, 100, device="meta"))
+    torch.compile(kernels.sort, backend="eager", fullgraph=True)(torch.randn(3, 100))
+    assert fresh.calls == [] and simd_choice.settled() == set()
+
+
+def test_report_measures_every_family_not_measured_yet(fresh: Timings) -> None:
+    kernels.sort(torch.randn(10))
+    report = kernels.simd_report()
+    assert len(fresh.calls) == len(engine.simd_families()) * len(SUPPORTED)
+    assert simd_choice.settled() == set(engine.simd_families())
+    assert "1000.000" in report and "2000.000" in report  # avx2's and base's injected seconds
+
+
+def test_measure_0_turns_measuring_off(fresh: Timings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POPTORCH_SIM_SIMD_MEASURE", "0")
+    simd_choice._merge(simd_choice.cache_file(), simd_choice._key(),
+                       {"nms": {level: 1.0 for level in ALL}})  # fmt: skip
+    assert simd_choice.load() == []
+    kernels.sort(torch.randn(10))
+    kernels.simd_report()
+    assert fresh.calls == []
+    assert cached_families() == {"nms"}

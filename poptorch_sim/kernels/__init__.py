@@ -73,4 +73,4 @@ __all__ = [
     "topk",
 ]
 
-simd_choice.apply()  # each family's fastest SIMD variant here: measured once, then cached
+simd_choice.load()  # the cached SIMD choices; families the cache lacks are measured on first use

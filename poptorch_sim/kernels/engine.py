@@ -14,6 +14,7 @@ supersteps of per-tile compute followed by an exchange, and counts per kernel na
 from __future__ import annotations
 
 import importlib.util
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, NamedTuple
@@ -35,6 +36,7 @@ __all__ = [
     "simd_level",
     "supported_simd_level",
     "tiles",
+    "uncounted",
 ]
 
 SIMD_LEVELS = ("base", "avx2", "avx512")
@@ -67,8 +69,27 @@ class KernelCounters(NamedTuple):
     bytes_exchanged: int
 
 
+def _table() -> dict[str, tuple[int, ...]]:
+    """The C++ engine's counter table, uncorrected."""
+    kernels, fields, table = torch.ops.poptorch_sim.engine_counters()
+    if list(fields) != list(KernelCounters._fields):
+        raise RuntimeError(
+            f"tile engine counter fields {list(fields)} do not match the Python view "
+            f"{list(KernelCounters._fields)}; rebuild poptorch_sim._C"
+        )
+    return {name: tuple(row) for name, row in zip(kernels, table.tolist())}
+
+
+# Counts of the kernels run inside `uncounted()` blocks since the last reset, left out of
+# counters(); guarded by _uncounted_lock.
+_uncounted: dict[str, list[int]] = {}
+_uncounted_lock = threading.Lock()
+
+
 def counters() -> dict[str, KernelCounters]:
     """Returns the engine's counters per kernel name (``sort``, ``topk``, ``nms``, ...).
+
+    Kernels run inside :func:`uncounted` blocks (the SIMD chooser's samples) are left out.
 
     Returns:
         A dict from kernel name to its :class:`KernelCounters`; kernels not run since the
@@ -78,19 +99,38 @@ def counters() -> dict[str, KernelCounters]:
     >>> counters()["sort"].calls
     1
     """
-    kernels, fields, table = torch.ops.poptorch_sim.engine_counters()
-    if list(fields) != list(KernelCounters._fields):
-        raise RuntimeError(
-            f"tile engine counter fields {list(fields)} do not match the Python view "
-            f"{list(KernelCounters._fields)}; rebuild poptorch_sim._C"
-        )
-    rows = table.tolist()
-    return {name: KernelCounters(*row) for name, row in zip(kernels, rows)}
+    table = _table()
+    with _uncounted_lock:
+        for name, hidden in _uncounted.items():
+            if name in table:
+                table[name] = tuple(a - b for a, b in zip(table[name], hidden))
+    return {name: KernelCounters(*row) for name, row in table.items() if row[0] > 0}
 
 
 def reset_counters() -> None:
     """Zeroes every kernel's counters."""
-    torch.ops.poptorch_sim.engine_reset_counters()
+    with _uncounted_lock:
+        torch.ops.poptorch_sim.engine_reset_counters()
+        _uncounted.clear()
+
+
+@contextmanager
+def uncounted() -> Iterator[None]:
+    """Leaves the kernels run in the enclosed block out of :func:`counters`.
+
+    The block's counts are taken as the table's growth over it, so kernels that other threads
+    run at the same time are left out too.
+    """
+    before = _table()
+    try:
+        yield
+    finally:
+        after = _table()
+        with _uncounted_lock:
+            for name, row in after.items():
+                grown = [max(0, a - b) for a, b in zip(row, before.get(name, (0,) * len(row)))]
+                hidden = _uncounted.setdefault(name, [0] * len(row))
+                _uncounted[name] = [h + g for h, g in zip(hidden, grown)]
 
 
 def num_tiles() -> int:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import simd_choice
 from .engine import load_library
 from .generic import offload as generic_offload
 
@@ -44,6 +45,8 @@ _direct = importlib.import_module("poptorch_sim._C")
 
 def _call(name: str, direct: bool, lists: tuple, hyper: dict[str, Any]) -> Any:
     """Runs op ``name``; ``hyper`` is in schema order (the bindings take it positionally)."""
+    if name != "increment_steps_" and lists[0]:  # the steps' SIMD family (simd_choice)
+        simd_choice.first_use("optimizer", lists[0][0])
     if direct and not torch.compiler.is_compiling():
         return getattr(_direct, name)(*lists, *hyper.values())
     return getattr(_ops, name)(*lists, **hyper)
@@ -65,12 +68,15 @@ def accumulate_(accum: Tensor, grad: Tensor, scale: float = 1.0) -> Tensor:
     >>> acc = torch.zeros(4); accumulate_(acc, torch.ones(4), 0.5)
     tensor([0.5000, 0.5000, 0.5000, 0.5000])
     """
+    simd_choice.first_use("accumulate", accum, grad)
     _ops.accumulate_(accum, grad, scale)
     return accum
 
 
 def accumulate_many_(accums: list[Tensor], grads: list[Tensor], scale: float = 1.0) -> None:
     """``accumulate_`` over lists of accumulators and gradients (one call for all params)."""
+    if accums and grads:
+        simd_choice.first_use("accumulate", accums[0], grads[0])
     _ops.accumulate_many_(accums, grads, scale)
 
 
@@ -82,6 +88,7 @@ def grad_norm(grads: list[Tensor], loss_scaling: float = 1.0) -> Tensor:
     """
     if not grads:
         return torch.zeros((), dtype=torch.float32)
+    simd_choice.first_use("optimizer", grads[0])  # its sum of squares
     return _ops.grad_norm(grads, loss_scaling)
 
 

@@ -1,33 +1,58 @@
 """Runs each kernel family in the SIMD variant measured fastest on this CPU.
 
 The widest variant is not always the fastest (``[Note: measured variants]`` in ``csrc/common/simd.h``),
-so the first time poptorch_sim's kernels load on a machine, :func:`choose` times every variant
-``POPTORCH_SIM_SIMD`` allows for each kernel family on a small sample, one tile, and keeps the
-fastest (0.1 s in all on a 16-core AVX-512 Xeon, 2026-11-25). The times are cached per CPU model
-and build of the extension in ``$XDG_CACHE_HOME/poptorch_sim/simd_choice.json`` (``~/.cache`` by
-default), so later imports only read the file (0.35 ms there). ``POPTORCH_SIM_SIMD_MEASURE=0`` turns measuring off: every
-family then runs the widest variant under the cap. :func:`simd_report` shows the CPU, each
-variant's time and the choice.
+so the first time a kernel family runs in a process (a sort of one row length class, NMS,
+accumulation, an optimizer step: see :func:`first_use`), :func:`ensure` times every variant
+``POPTORCH_SIM_SIMD`` allows on a small sample, one tile, and keeps the fastest. The times are
+cached per CPU model and build of the extension in ``$XDG_CACHE_HOME/poptorch_sim/simd_choice.json``
+(``~/.cache`` by default), one entry per family, so a family is measured once per machine:
+importing poptorch_sim only reads the choices the file holds (:func:`load`) and measures
+nothing. The op wrappers of :mod:`.sorting` and :mod:`.optim` call :func:`first_use`; a kernel
+called through ``torch.ops.poptorch_sim`` directly runs the cached choice, else the widest
+variant under the cap, until its family is first used through a wrapper. Top-k has no choice:
+its per-tile selection and merges are scalar code, compiled once. ``POPTORCH_SIM_SIMD_MEASURE=0``
+turns choosing off: every family then runs the widest variant under the cap.
+:func:`simd_report` measures what is still unmeasured and shows the CPU, each variant's time
+and the choice. The samples' kernels are left out of :func:`.engine.counters`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import platform
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from .. import env
 from . import engine
 
-__all__ = ["cache_file", "choose", "cpu_model", "measure", "simd_report"]
+try:
+    import fcntl
+except ImportError:  # not POSIX: the cache is still replaced atomically, merges may race
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "cache_file",
+    "choose",
+    "cpu_model",
+    "ensure",
+    "first_use",
+    "load",
+    "measure",
+    "settled",
+    "simd_report",
+    "sort_family",
+]
 
 _VERSION = 1
 # Each family's sample: a function that makes it and returns the call to time.
@@ -37,7 +62,8 @@ Timer = Callable[[str, str], float]
 
 def _sort_sample(rows: int, length: int) -> Sample:
     def make() -> Callable[[], object]:
-        x = torch.randn(rows, length, generator=torch.Generator().manual_seed(0))
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(rows, length, generator=g, dtype=torch.float32, device="cpu")
         return lambda: torch.ops.poptorch_sim.sort(x)
 
     return make
@@ -45,9 +71,10 @@ def _sort_sample(rows: int, length: int) -> Sample:
 
 def _nms_sample() -> Callable[[], object]:
     g = torch.Generator().manual_seed(0)
-    xy = torch.rand(1000, 2, generator=g) * 200
-    boxes = torch.cat([xy, xy + torch.rand(1000, 2, generator=g) * 40 + 1], dim=1)
-    scores = torch.rand(1000, generator=g)
+    xy = torch.rand(1000, 2, generator=g, dtype=torch.float32, device="cpu") * 200
+    size = torch.rand(1000, 2, generator=g, dtype=torch.float32, device="cpu") * 40 + 1
+    boxes = torch.cat([xy, xy + size], dim=1)
+    scores = torch.rand(1000, generator=g, dtype=torch.float32, device="cpu")
     return lambda: torch.ops.poptorch_sim.nms(boxes, scores, 0.5)
 
 
@@ -55,8 +82,8 @@ def _accumulate_sample() -> Callable[[], object]:
     from .optim import accumulate_
 
     g = torch.Generator().manual_seed(0)
-    accum = torch.randn(1 << 16, generator=g)
-    grad = torch.randn(1 << 16, generator=g)
+    accum = torch.randn(1 << 16, generator=g, dtype=torch.float32, device="cpu")
+    grad = torch.randn(1 << 16, generator=g, dtype=torch.float32, device="cpu")
     return lambda: accumulate_(accum, grad, 0.5)
 
 
@@ -64,7 +91,9 @@ def _optimizer_sample() -> Callable[[], object]:
     from .optim import adam_step_
 
     g = torch.Generator().manual_seed(0)
-    params, grads, m, v = ([torch.randn(1 << 14, generator=g)] for _ in range(4))
+    params, grads, m, v = (
+        [torch.randn(1 << 14, generator=g, dtype=torch.float32, device="cpu")] for _ in range(4)
+    )
     v[0].abs_()
     hyper = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
     return lambda: adam_step_(params, grads, m, v, [1.0], decoupled_weight_decay=True, **hyper)
@@ -112,11 +141,14 @@ def _key() -> str:
 
 
 def measure(family: str, level: str, repeats: int = 5) -> float:
-    """Returns the best of ``repeats`` times (seconds) of ``family``'s sample in ``level``."""
+    """Returns the best of ``repeats`` times (seconds) of ``family``'s sample in ``level``.
+
+    The sample's kernels are left out of :func:`.engine.counters`.
+    """
     run = SAMPLES[family]()
     previous = engine.set_simd_choice(family, level)
     try:
-        with engine.tiles(1):
+        with engine.uncounted(), engine.tiles(1):
             run()  # warm-up: page faults, first-touch of the outputs
             best = float("inf")
             for _ in range(repeats):
@@ -140,14 +172,49 @@ def _read(path: Path) -> dict[str, Any]:
     return entries if isinstance(entries, dict) else {}
 
 
-def _write(path: Path, entries: dict[str, Any]) -> None:
-    """Writes the cache atomically; a cache that cannot be written is left alone."""
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Holds an exclusive lock on ``path``'s lock file (between processes) where it can."""
+    if fcntl is None:
+        yield
+        return
+    try:
+        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _merge(path: Path, key: str, times: dict[str, dict[str, float]]) -> None:
+    """Adds ``times`` (family -> level -> seconds) to ``key``'s entry of the cache file.
+
+    The file is read again under the lock and replaced atomically, so the entries and families
+    other processes wrote meanwhile stay; a cache that cannot be written is left alone.
+    """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".simd_choice.")
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump({"version": _VERSION, "entries": entries}, out, indent=1, sort_keys=True)
-        os.replace(temp, path)
+        with _locked(path):
+            entries = _read(path)
+            entry = entries.get(key)
+            entry = entry if isinstance(entry, dict) else {}
+            for family, new in times.items():
+                entry[family] = {**_valid_times(entry.get(family), engine.SIMD_LEVELS), **new}
+            entries[key] = entry
+            fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".simd_choice.")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    json.dump({"version": _VERSION, "entries": entries}, out, indent=1,
+                              sort_keys=True)  # fmt: skip
+                os.replace(temp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                raise
     except OSError:
         pass
 
@@ -162,61 +229,168 @@ def _valid_times(times: object, levels: tuple[str, ...]) -> dict[str, float]:
     }
 
 
+def _fastest(times: dict[str, float], levels: tuple[str, ...]) -> str:
+    """The fastest of ``levels``; on a tie the wider variant."""
+    order = engine.SIMD_LEVELS
+    return min(levels, key=lambda level: (times[level], -order.index(level)))
+
+
+def _cap_levels() -> tuple[str, ...]:
+    """The variants up to the cap (``POPTORCH_SIM_SIMD``, else what the CPU supports)."""
+    pinned = engine.set_simd_level("auto")
+    try:
+        cap = engine.simd_level()
+    finally:
+        engine.set_simd_level(pinned)
+    return engine.SIMD_LEVELS[: engine.SIMD_LEVELS.index(cap) + 1]
+
+
 def choose(
     timer: Timer | None = None,
     levels: tuple[str, ...] | None = None,
     path: Path | None = None,
     key: str | None = None,
+    families: Iterable[str] | None = None,
 ) -> dict[str, str]:
-    """Sets every family's SIMD variant to the fastest of ``levels`` and returns the choices.
+    """Sets each family's SIMD variant to the fastest of ``levels`` and returns the choices.
 
     Times come from the cache where it has them for this CPU and build, else from ``timer``
-    (default :func:`measure`), and new ones are written back.
+    (default :func:`measure`), and new ones are merged into the cache.
 
     Args:
         timer: ``timer(family, level)`` -> seconds; tests inject fixed times.
         levels: the variants to compare (default: those up to ``POPTORCH_SIM_SIMD``'s cap).
         path: the cache file (default :func:`cache_file`).
         key: the cache entry (default: CPU model, supported level and build).
+        families: the families to choose for (default: all of them).
     """
     timer = timer or measure
-    all_levels = engine.SIMD_LEVELS
+    levels = levels or _cap_levels()
+    path = path or cache_file()
+    key = key or _key()
+    entry = _read(path).get(key)
+    entry = entry if isinstance(entry, dict) else {}
+    new: dict[str, dict[str, float]] = {}
+    choices: dict[str, str] = {}
     pinned = engine.set_simd_level("auto")  # (measuring needs the choices to count)
     try:
-        if levels is None:
-            cap = engine.simd_level()
-            levels = all_levels[: all_levels.index(cap) + 1]
-        path = path or cache_file()
-        key = key or _key()
-        entries = _read(path)
-        entry = entries.get(key)
-        entry = entry if isinstance(entry, dict) else {}
-        changed = False
-        choices: dict[str, str] = {}
-        for family in engine.simd_families():
-            times = _valid_times(entry.get(family), all_levels)
+        for family in engine.simd_families() if families is None else families:
+            times = _valid_times(entry.get(family), engine.SIMD_LEVELS)
             for level in levels:
                 if level not in times:
-                    times[level] = float(timer(family, level))
-                    changed = True
-            entry[family] = times
-            wanted = {level: times[level] for level in levels}
-            # the fastest; on a tie the wider variant
-            choices[family] = min(wanted, key=lambda lv: (wanted[lv], -all_levels.index(lv)))
+                    times[level] = new.setdefault(family, {})[level] = float(timer(family, level))
+            choices[family] = _fastest(times, levels)
             engine.set_simd_choice(family, choices[family])
-        if changed:
-            entries[key] = entry
-            _write(path, entries)
     finally:
         engine.set_simd_level(pinned)
+        if new:
+            _merge(path, key, new)
     return choices
+
+
+# The families whose choice this process has made (measured, read from the cache, or left to
+# the cap because choosing is off); _lock guards the changes, _busy marks the chooser's own
+# samples running (their wrappers must not start choosing again).
+_settled: set[str] = set()
+_lock = threading.RLock()
+_busy = False
+
+
+def settled() -> frozenset[str]:
+    """Returns the families whose variant this process has chosen so far."""
+    return frozenset(_settled)
+
+
+def load(path: Path | None = None) -> list[str]:
+    """Sets the choices the cache holds for every family it has times for; measures nothing.
+
+    A family counts when the cache times every variant under the cap. Returns those families.
+    """
+    if not env.simd_measure():
+        return []
+    with _lock:
+        levels = _cap_levels()
+        entry = _read(path or cache_file()).get(_key())
+        entry = entry if isinstance(entry, dict) else {}
+        done = []
+        for family in engine.simd_families():
+            times = _valid_times(entry.get(family), engine.SIMD_LEVELS)
+            if family not in _settled and all(level in times for level in levels):
+                engine.set_simd_choice(family, _fastest(times, levels))
+                _settled.add(family)
+                done.append(family)
+        return done
+
+
+def ensure(*families: str) -> None:
+    """Chooses each of ``families`` not chosen yet in this process (all with none named).
+
+    Families the cache lacks are measured (:func:`choose`) and merged into it. Other threads
+    wait while a family is measured; the samples' own kernels do not choose again.
+    """
+    global _busy
+    wanted = families or tuple(engine.simd_families())
+    if _settled.issuperset(wanted):
+        return
+    with _lock:
+        missing = [family for family in wanted if family not in _settled]
+        if _busy or not missing:
+            return
+        if env.simd_measure():
+            _busy = True
+            try:
+                choose(measure, families=missing)
+            finally:
+                _busy = False
+        _settled.update(missing)
+
+
+def _runs_kernels(tensors: tuple[Tensor, ...]) -> bool:
+    """Whether a call with these operands runs the C++ kernels now: eager, real CPU tensors."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return False  # traced or under a mode (fake tensors, make_fx): nothing runs here
+    return all(
+        type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" for t in tensors
+    )
+
+
+def first_use(family: str, *tensors: Tensor) -> None:
+    """Chooses ``family``'s variant before its first kernel runs in this process (:func:`ensure`).
+
+    Nothing is done once it is chosen, nor for calls that will not run the C++ kernels here
+    (operands on CUDA, fake or traced tensors, ``torch.compile`` tracing).
+
+    Args:
+        family: one of :func:`.engine.simd_families`.
+        tensors: the call's operands (one of each list is enough).
+    """
+    if family in _settled or not _runs_kernels(tensors):
+        return
+    ensure(family)
+
+
+def sort_family(input: Tensor, dim: int = -1) -> str:
+    """Returns the family that sorts ``input`` along ``dim`` (``csrc/sort/sort.cpp``).
+
+    Rows of up to 2^15 items take the bitonic network, by row length class; longer rows the
+    long-row sorts (``sort_long``). A ``dim`` out of range counts as rows of one item.
+    """
+    rank = input.dim()
+    n = input.shape[dim] if rank and -rank <= dim < rank else 1
+    for limit in (16, 256, 4096, 32768):
+        if n <= limit:
+            return f"sort_rows_{limit}"
+    return "sort_long"
 
 
 def simd_report(path: Path | None = None) -> str:
     """Returns the CPU, the cap, each family's variant times (ms) from the cache and its choice.
 
+    Families not chosen yet are chosen first (measured where the cache lacks them).
+
     Args:
-        path: the cache file (default :func:`cache_file`).
+        path: the cache file to read the times from (default :func:`cache_file`; another file
+            is only read).
 
     >>> print(simd_report())  # doctest: +SKIP
     CPU: Intel(R) Xeon(R) Processor (16 cores), supports avx512, cap avx512
@@ -224,6 +398,8 @@ def simd_report(path: Path | None = None) -> str:
     sort_rows_16        0.152    0.095    0.087  avx512
     ...
     """
+    if path is None:
+        ensure()
     entries = _read(path or cache_file())
     entry = entries.get(_key(), {})
     lines = [
@@ -239,18 +415,3 @@ def simd_report(path: Path | None = None) -> str:
         )
         lines.append(f"{family:<16} {cells}  {engine.simd_family_level(family)}")
     return "\n".join(lines)
-
-
-def apply() -> None:
-    """Chooses at import (see the module's docstring), unless POPTORCH_SIM_SIMD_MEASURE=0."""
-    if not env.simd_measure():
-        return
-    measured: list[str] = []
-
-    def timer(family: str, level: str) -> float:
-        measured.append(family)
-        return measure(family, level)
-
-    choose(timer)
-    if measured:  # the samples' calls are not the user's: counters start from zero
-        engine.reset_counters()

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import simd_choice
 from .engine import load_library
 
 __all__ = ["argsort", "batched_nms", "nms", "sort", "topk"]
@@ -67,6 +68,7 @@ def sort(
     """
     del stable
     _check_device("sort", input)
+    simd_choice.first_use(simd_choice.sort_family(input, dim), input)
     values, indices = _ops.sort(input, dim, descending)
     return torch.return_types.sort((values, indices))
 
@@ -86,6 +88,7 @@ def argsort(input: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
     tensor([1, 2, 0])
     """
     _check_device("argsort", input)
+    simd_choice.first_use(simd_choice.sort_family(input, dim), input)
     return _ops.argsort(input, dim, descending)
 
 
@@ -141,6 +144,7 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     tensor([0])
     """
     _check_device("nms", boxes, scores)
+    _first_nms(boxes, scores)
     return _ops.nms(boxes, scores, float(iou_threshold))
 
 
@@ -168,7 +172,14 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
     tensor([0, 1])
     """
     _check_device("batched_nms", boxes, scores, idxs)
+    _first_nms(boxes, scores)
     return _ops.batched_nms(boxes, scores, idxs, float(iou_threshold))
+
+
+def _first_nms(boxes: Tensor, scores: Tensor) -> None:
+    """NMS runs its own family and sorts the scores as one row (``csrc/sort/nms.cpp``)."""
+    simd_choice.first_use("nms", boxes, scores)
+    simd_choice.first_use(simd_choice.sort_family(scores), scores)
 
 
 def _dim_of(input: Tensor, dim: int) -> int:
