@@ -185,6 +185,8 @@ def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Timings:
     """A process in which no family is chosen yet, an empty cache and an injected timer."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(simd_choice, "_settled", set())
+    for family in engine.simd_families():  # (restore_choices puts them back)
+        engine.set_simd_choice(family, "")
     timer = Timings({"base": 2.0, "avx2": 1.0, "avx512": 3.0})
     monkeypatch.setattr(simd_choice, "measure", timer)
     return timer
@@ -323,3 +325,19 @@ def test_measure_0_turns_measuring_off(fresh: Timings, monkeypatch: pytest.Monke
     kernels.simd_report()
     assert fresh.calls == []
     assert cached_families() == {"nms"}
+
+
+def test_a_failed_measurement_warns_and_runs_the_cap(
+    fresh: Timings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(family: str, level: str) -> float:
+        raise RuntimeError("no timer here")
+
+    monkeypatch.setattr(simd_choice, "measure", broken)
+    x = torch.randn(5, 20)
+    assert torch.equal(kernels.sort(x).values, torch.sort(x).values)
+    assert "choosing the SIMD variant of sort_rows_256 failed (RuntimeError: no timer" in (
+        caplog.text
+    )
+    assert simd_choice.settled() == {"sort_rows_256"}  # not tried again on every call
+    assert engine.simd_family_level("sort_rows_256") == kernels.simd_level()

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .. import env
+from ..logger import logger
 from . import engine
 
 try:
@@ -326,7 +327,9 @@ def ensure(*families: str) -> None:
     """Chooses each of ``families`` not chosen yet in this process (all with none named).
 
     Families the cache lacks are measured (:func:`choose`) and merged into it. Other threads
-    wait while a family is measured; the samples' own kernels do not choose again.
+    wait while a family is measured; the samples' own kernels do not choose again. A failure
+    while measuring is logged as a warning and the families run the widest variant under the
+    cap.
     """
     global _busy
     wanted = families or tuple(engine.simd_families())
@@ -338,8 +341,19 @@ def ensure(*families: str) -> None:
             return
         if env.simd_measure():
             _busy = True
+            start = time.perf_counter()
             try:
-                choose(measure, families=missing)
+                choices = choose(measure, families=missing)
+                logger.debug(
+                    "SIMD variants chosen in %.1f ms: %s", (time.perf_counter() - start) * 1e3,
+                    ", ".join(f"{family} {level}" for family, level in choices.items()),
+                )  # fmt: skip
+            except Exception as error:  # the kernels still run: the widest variant under the cap
+                logger.warning(
+                    "choosing the SIMD variant of %s failed (%s: %s); running the widest "
+                    "variant under the cap, %s", ", ".join(missing), type(error).__name__,
+                    error, engine.simd_level(),
+                )  # fmt: skip
             finally:
                 _busy = False
         _settled.update(missing)
