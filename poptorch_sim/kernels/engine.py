@@ -99,8 +99,8 @@ def counters() -> dict[str, KernelCounters]:
     >>> counters()["sort"].calls
     1
     """
-    table = _table()
     with _uncounted_lock:
+        table = _table()
         for name, hidden in _uncounted.items():
             if name in table:
                 table[name] = tuple(a - b for a, b in zip(table[name], hidden))
@@ -125,9 +125,8 @@ def uncounted() -> Iterator[None]:
     try:
         yield
     finally:
-        after = _table()
-        with _uncounted_lock:
-            for name, row in after.items():
+        with _uncounted_lock:  # (a reset inside the block may leave some of it counted)
+            for name, row in _table().items():
                 grown = [max(0, a - b) for a, b in zip(row, before.get(name, (0,) * len(row)))]
                 hidden = _uncounted.setdefault(name, [0] * len(row))
                 _uncounted[name] = [h + g for h, g in zip(hidden, grown)]
