@@ -341,3 +341,20 @@ def test_a_failed_measurement_warns_and_runs_the_cap(
     )
     assert simd_choice.settled() == {"sort_rows_256"}  # not tried again on every call
     assert engine.simd_family_level("sort_rows_256") == kernels.simd_level()
+
+
+def test_first_use_honours_the_cap(fresh: Timings) -> None:
+    old = os.environ.get("POPTORCH_SIM_SIMD")
+    os.environ["POPTORCH_SIM_SIMD"] = "base"  # read again by set_simd_level("auto")
+    try:
+        kernels.sort(torch.randn(2, 10))
+        assert fresh.calls == [("sort_rows_16", "base")]
+        assert engine.simd_family_level("sort_rows_16") == "base"
+    finally:
+        if old is None:
+            del os.environ["POPTORCH_SIM_SIMD"]
+        else:
+            os.environ["POPTORCH_SIM_SIMD"] = old
+        kernels.set_simd_level("auto")
+    if old is None:
+        assert kernels.simd_level() == SUPPORTED[-1]  # the cap is lifted again
