@@ -199,6 +199,14 @@ def test_refusals() -> None:
         training(torch.randn(4, 5))
     training.destroy()
 
+    host = Grouped(torch.randn(2, 5, 3))
+    adam = poptorch.optim.Adam(host.parameters(), lr=0.1, max_grad_norm=1.0)
+    training = poptorch.trainingModel(host, _options(4), adam)
+    training.W.replicaGrouping(CG.Consecutive, 2, MODE.OnePerGroup)
+    with pytest.raises(poptorch.Error, match=r"not supported in poptorch_sim with max_grad_norm"):
+        training(torch.randn(4, 5))
+    training.destroy()
+
     model = poptorch.inferenceModel(Grouped(torch.randn(2, 5, 3)), _options(4))
     model.W.replicaGrouping(CG.Consecutive, 2, MODE.OnePerGroup)
     model(torch.randn(4, 5))

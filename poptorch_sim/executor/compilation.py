@@ -125,7 +125,7 @@ def build_executable(
     bar.update(80)
     trainer = make_trainer(device, layout) if make_trainer is not None else None
     if grouped and trainer is not None:
-        check_grouped_optimizer(grouped, trainer.snapshot)
+        check_grouped_optimizer([v.name for v in grouped], trainer.snapshot)
         trainer.groups_of = {v.name: v.groups for v in grouped}
     if trainer is not None and isinstance(program, StagedRunner):
         trainer.trace = program.trace

@@ -25,14 +25,15 @@ gradients: the all-reduce within the group. The optimizer updates the ``[G, *sha
 element-wise, so its state (momentum, Adam's moments) is kept per group too, ``[G, *shape]``.
 
 Refused with a ``poptorch.Error``: optimizers whose update is not element-wise (LAMB: its trust
-ratio takes the norm of the whole tensor), several processes (``Distributed``), and models with
+ratio takes the norm of the whole tensor; ``max_grad_norm``: one norm over every gradient),
+several processes (``Distributed``), and models with
 blocks that run as a staged program.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -203,13 +204,13 @@ class GroupingHandle:
         return getattr(self.__dict__["_param"], attr)
 
 
-def check_grouped_optimizer(grouped: list[GroupedVariable], snapshot: object) -> None:
+def check_grouped_optimizer(grouped: Iterable[str], snapshot: object) -> None:
     """Refuse optimizers that couple a grouped parameter's groups (see the note).
 
     Raises:
         Error: LAMB, or a global gradient-norm clip, with replica-grouped parameters.
     """
-    names = ", ".join(v.name for v in grouped)
+    names = ", ".join(grouped)
     kind = getattr(snapshot, "kind", "")
     if kind == "lamb":
         raise Error(
