@@ -213,3 +213,24 @@ def test_refusals() -> None:
     with pytest.raises(poptorch.Error, match="after the model was compiled"):
         model.W.replicaGrouping(CG.NoGrouping, 0, MODE.OnePerGroup)
     assert model.W.shape == (2, 5, 3)  # other attributes are the parameter's
+
+
+@pytest.mark.parametrize("buffer", [False, True], ids=["replica threads", "one thread"])
+def test_gradient_accumulation_sums_within_the_group(buffer: bool) -> None:
+    # Every micro-batch the same sample: each group's gradient is its 2 replicas x 2 micro-batches
+    # of the same gradient, divided by GA x R = 8.
+    w = torch.randn(2, 5, 3)
+    host = Grouped(w, buffer)
+    opts = _options(4)
+    opts.Training.gradientAccumulation(2)
+    training = poptorch.trainingModel(host, opts, torch.optim.SGD(host.parameters(), lr=0.1))
+    training.W.replicaGrouping(CG.Consecutive, 2, MODE.OnePerGroup)
+    x = torch.randn(1, 5).expand(16, 5).contiguous()
+    training(x)
+    expected = []
+    for g in range(2):
+        p = nn.Parameter(w[g].clone())
+        ((x[:2] @ p) ** 2).mean().backward()
+        expected.append(w[g] - 0.1 * p.grad * (2 * 2) / 8)
+    torch.testing.assert_close(host.W.detach(), torch.stack(expected))
+    training.destroy()
