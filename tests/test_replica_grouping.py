@@ -234,3 +234,18 @@ def test_gradient_accumulation_sums_within_the_group(buffer: bool) -> None:
         expected.append(w[g] - 0.1 * p.grad * (2 * 2) / 8)
     torch.testing.assert_close(host.W.detach(), torch.stack(expected))
     training.destroy()
+
+
+def test_wrapper_attribute_stands_for_the_parameter() -> None:
+    # model.W carries replicaGrouping, and is used as the parameter everywhere else.
+    host = nn.Linear(3, 2)
+    model = poptorch.inferenceModel(host)
+    w = model.weight
+    assert isinstance(w, nn.Parameter)
+    torch.testing.assert_close(w[1], host.weight[1])
+    torch.testing.assert_close(w @ torch.ones(3), host.weight.sum(1))
+    torch.testing.assert_close(torch.add(w, 1), host.weight + 1)
+    torch.testing.assert_close(
+        nn.functional.linear(torch.ones(1, 3), w, model.bias), host(torch.ones(1, 3))
+    )
+    assert w.shape == (2, 3) and len(w) == 2

@@ -33,11 +33,12 @@ blocks that run as a staged program.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from ..enums import CommGroupType, VariableRetrievalMode
 from ..errors import Error
@@ -181,11 +182,22 @@ def grouped_variables(
 
 
 class GroupingHandle:
-    """What ``model.W`` gives for a top-level parameter ``W`` of a wrapped model: the parameter's
-    attributes, plus ``replicaGrouping`` (recorded by that wrapper only, as in PopTorch)."""
+    """What ``model.W`` gives for a top-level parameter ``W`` of a wrapped model: the parameter
+    plus ``replicaGrouping`` (recorded by that wrapper only, as in PopTorch, so the parameter
+    itself carries nothing). It stands for the parameter: attributes, operators, indexing,
+    torch functions and ``isinstance`` all reach the parameter."""
 
     def __init__(self, executor: object, name: str, param: nn.Parameter) -> None:
         self._executor, self._name, self._param = executor, name, param
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # isinstance(model.W, nn.Parameter), as for the parameter
+        return type(self.__dict__["_param"])
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        args, kwargs = pytree.tree_map(_unwrap, (args, kwargs or {}))
+        return func(*args, **kwargs)
 
     def replicaGrouping(  # noqa: N802 (PopTorch's name)
         self,
@@ -202,6 +214,29 @@ class GroupingHandle:
 
     def __getattr__(self, attr: str) -> object:
         return getattr(self.__dict__["_param"], attr)
+
+
+def _unwrap(value: object) -> object:
+    return value.__dict__["_param"] if type(value) is GroupingHandle else value
+
+
+def _forward(op: str) -> Callable[..., object]:
+    def method(self: GroupingHandle, *args: object) -> object:
+        return getattr(self.__dict__["_param"], op)(*[_unwrap(a) for a in args])
+
+    method.__name__ = op
+    return method
+
+
+for _op in (
+    "__getitem__ __setitem__ __len__ __iter__ __bool__ __float__ __int__ __index__ __array__ "
+    "__repr__ __str__ __format__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __hash__ __neg__ "
+    "__pos__ __abs__ __invert__ __add__ __radd__ __iadd__ __sub__ __rsub__ __isub__ __mul__ "
+    "__rmul__ __imul__ __truediv__ __rtruediv__ __itruediv__ __floordiv__ __rfloordiv__ "
+    "__mod__ __rmod__ __pow__ __rpow__ __matmul__ __rmatmul__ __and__ __rand__ __or__ __ror__ "
+    "__xor__ __rxor__ __reduce_ex__ __deepcopy__ __copy__ __contains__"
+).split():
+    setattr(GroupingHandle, _op, _forward(_op))
 
 
 def check_grouped_optimizer(grouped: Iterable[str], snapshot: object) -> None:
