@@ -41,6 +41,7 @@ from .executable import Executable, Program, to_device_dtype
 from .inputs import BoundArgs
 from .layout import Layout, batch_layout, check_batch
 from .progress import CompilationBar
+from .replica_groups import GroupedVariable, ReplicaGrouping, check_grouped_optimizer
 from .replicas import ReplicaBuffers
 from .staged import StagedRunner
 from .training import DeviceTrainer
@@ -71,6 +72,7 @@ def build_executable(
     make_trainer: TrainerFactory | None,
     bar: CompilationBar,
     claim_ipu: Callable[[], None],
+    per_replica: dict[str, ReplicaGrouping] | None = None,
 ) -> Executable:
     """Compile ``snapshot`` for inputs shaped like ``bound``.
 
@@ -85,6 +87,7 @@ def build_executable(
         bar: the compilation progress bar.
         claim_ipu: claims the model's IPU; called before the executable is made when the
             connection type is ``Always`` (PopTorch attaches at compile then).
+        per_replica: ``replicaGrouping`` of parameters, by name (see replica_groups.py).
 
     Returns:
         The executable, with its program's worker threads running.
@@ -102,6 +105,7 @@ def build_executable(
     if training and options.connection_type != ConnectionType.Never:
         synchronize_weights(model, options)
     device = DeviceCopy(snapshot)
+    grouped = _grouped(per_replica or {}, device, layout, options)
     if options._Popart.options.get("groupNormStridedChannelGrouping"):
         stride_group_norms(device.model)
     _check_updatable_buffers(options, device.model)
@@ -111,7 +115,7 @@ def build_executable(
     ):
         raise Error("Cycle count logging is only supported on actual IPU hardware.")
     first = layout.micro_batch(bound.map_tensors(to_device_dtype), 0, 0, 0)
-    program = _build_program(device, first, layout, options, training)
+    program = _build_program(device, first, layout, options, training, grouped)
     _acquire(
         program.program.meta["num_ipus"] if isinstance(program, StagedRunner) else layout.replicas
     )
@@ -120,6 +124,9 @@ def build_executable(
     marked, overlapped = overlap_marks()
     bar.update(80)
     trainer = make_trainer(device, layout) if make_trainer is not None else None
+    if grouped and trainer is not None:
+        check_grouped_optimizer([v.name for v in grouped], trainer.snapshot)
+        trainer.groups_of = {v.name: v.groups for v in grouped}
     if trainer is not None and isinstance(program, StagedRunner):
         trainer.trace = program.trace
         program.stage_step = trainer.stage_steps(program.program)
@@ -136,13 +143,24 @@ def build_executable(
 
 
 def _build_program(
-    device: DeviceCopy, first: BoundArgs, layout: Layout, options: Options, training: bool
+    device: DeviceCopy,
+    first: BoundArgs,
+    layout: Layout,
+    options: Options,
+    training: bool,
+    grouped: list[GroupedVariable],
 ) -> Program:
     eager = None
     if not uses_begin_block(device.model) and sharding_of(device.model, options) is None:
-        eager = _eager_program(device, first, layout, options, training)
+        eager = _eager_program(device, first, layout, options, training, grouped)
         if not eager.blocks_seen:
             return eager
+    if grouped:
+        raise Error(
+            "replicaGrouping() is not supported in poptorch_sim for a model split into blocks "
+            f"or shards ({', '.join(v.name for v in grouped)}): per-replica variables run only "
+            "in single-IPU replicas"
+        )
     try:
         return StagedRunner(device.model, options, first, training)
     except TraceFailure as failure:
@@ -151,7 +169,12 @@ def _build_program(
 
 
 def _eager_program(
-    device: DeviceCopy, first: BoundArgs, layout: Layout, options: Options, training: bool
+    device: DeviceCopy,
+    first: BoundArgs,
+    layout: Layout,
+    options: Options,
+    training: bool,
+    grouped: list[GroupedVariable] | None = None,
 ) -> EagerProgram:
     replicated = layout.replicas > 1
     broadcast = options.broadcast_buffers
@@ -159,6 +182,7 @@ def _eager_program(
         ReplicaBuffers(device.model, layout.replicas) if replicated and not broadcast else None
     )
     program = EagerProgram(device.model, training, buffers, replicated and broadcast)
+    program.grouped = grouped or []
     program.prepare(first, device.check_unchanged)
     checks = options._Popart.options.get("enableFloatingPointChecks", False)
     program.fp_checks = bool(checks)
@@ -196,6 +220,26 @@ def _io_tiles(program: Program, overlap: bool, options: Options, training: bool)
         report=report,
         overlap=overlap,
     )
+
+
+def _grouped(
+    per_replica: dict[str, ReplicaGrouping], device: DeviceCopy, layout: Layout, options: Options
+) -> list[GroupedVariable]:
+    """The device copy's replica-grouped parameters (see replica_groups.py), checked."""
+    if not per_replica:
+        return []
+    if options.Distributed.numProcesses > 1:
+        raise Error(
+            "replicaGrouping() is not supported in poptorch_sim with several processes "
+            f"(Distributed.numProcesses = {options.Distributed.numProcesses}): run the replicas "
+            "in one process (replicationFactor)"
+        )
+    grouped = [
+        GroupedVariable(name, grouping, device.model, layout.replicas)
+        for name, grouping in per_replica.items()
+    ]
+    device.grouped = {v.name: v for v in grouped}
+    return grouped
 
 
 def _acquire(needed: int) -> None:

@@ -35,6 +35,7 @@ from .layout import Layout
 from .losses import LossRecorder, final_loss
 from .outputs import OutputCollector
 from .refusals import PopTorchRefusals
+from .replica_groups import GroupedVariable, grouped_variables
 from .replica_threads import ReplicaThreads
 from .replicas import ReplicaBuffers, buffer_versions, check_buffer_broadcast
 
@@ -75,6 +76,7 @@ class EagerProgram:
         self.fp_checks = False  # Precision.enableFloatingPointExceptions (see fp_checks.py)
         self.draws_random = False  # forward consumed the CPU generator (found by ``prepare``)
         self.replica_threads: ReplicaThreads | None = None
+        self.grouped: list[GroupedVariable] = []  # replica-grouped parameters
 
     def prepare(self, mb: BoundArgs, check_unchanged: Callable[[], None]) -> None:
         """Compile-time checks on the first micro-batch, leaving no trace in the model.
@@ -119,7 +121,8 @@ class EagerProgram:
             self.buffers.activate(r)
         recorder = LossRecorder() if self.loss and self.loss.leaf is None else None
         checks = FloatingPointChecks() if self.fp_checks else contextlib.nullcontext()
-        with running_on_ipu(), training_graph(self.training), checks:
+        grouped = grouped_variables(self.grouped, self.model, r)
+        with running_on_ipu(), training_graph(self.training), checks, grouped:
             if recorder is None:
                 out = self.model(*mb.args, **mb.kwargs)
             else:
@@ -146,7 +149,11 @@ class EagerProgram:
         if refusal is None:
             try:
                 self.replica_threads = ReplicaThreads(
-                    self.model, replicas, self.buffers, self.loss.leaf if self.loss else None
+                    self.model,
+                    replicas,
+                    self.buffers,
+                    self.loss.leaf if self.loss else None,
+                    self.grouped,
                 )
             except Exception as exc:  # a module deepcopy cannot copy: the one-thread loop
                 refusal = f"the model cannot be copied per replica ({type(exc).__name__}: {exc})"
@@ -186,7 +193,8 @@ class EagerProgram:
         return [_detach(t) for t in leaves]
 
     def _first_forward(self, mb: BoundArgs) -> list[Any]:
-        with running_on_ipu(), training_graph(), LossRecorder() as recorder:
+        grouped = grouped_variables(self.grouped, self.model, 0)
+        with running_on_ipu(), training_graph(), LossRecorder() as recorder, grouped:
             out = self.model(*mb.args, **mb.kwargs)
         leaves, self.out_spec = pytree.tree_flatten(out)
         k = final_loss(recorder.losses)

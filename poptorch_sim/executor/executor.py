@@ -39,6 +39,7 @@ from .layout import check_batch
 from .optimizer_link import OptimizerLink
 from .perf import PerfRecord, counters
 from .progress import CompilationBar
+from .replica_groups import GroupingHandle, ReplicaGrouping
 from .synthetic import synthetic_data
 
 __all__ = ["PoplarExecutor", "allreduce_stats", "placement"]
@@ -69,6 +70,7 @@ class PoplarExecutor:
         self._perf: PerfRecord | None = None
         self._seed_pending = False  # randomSeed: seed the device RNG at the next attach
         self._call_lock = threading.RLock()  # See [Note: calls from several threads]
+        self._per_replica: dict[str, ReplicaGrouping] = {}  # replicaGrouping() per parameter
         self._optim = OptimizerLink(model, self._options, optimizer) if training else None
         self._link = DeviceLink(model, training, self.destroy, self._options)
         self._link.hook_host()
@@ -137,6 +139,7 @@ class PoplarExecutor:
             self._optim.build_trainer if self._optim is not None else None,
             bar,
             self._link.claim,
+            per_replica=self.__dict__.get("_per_replica"),
         )
         self._memory_report = exe.memory  # read by poptorch_sim.memory_report
         self._executable = exe
@@ -375,7 +378,18 @@ class PoplarExecutor:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_user_model", "_options"):
             raise AttributeError(name)
-        return getattr(self.__dict__["_user_model"], name)
+        value = getattr(self.__dict__["_user_model"], name)
+        if isinstance(value, nn.Parameter):  # PopTorch's wrapper of a top-level parameter
+            return GroupingHandle(self, name, value)
+        return value
+
+    def _set_replica_grouping(self, name: str, grouping: ReplicaGrouping) -> None:
+        if self._executable is not None:
+            raise Error(
+                f"{name}.replicaGrouping() was called after the model was compiled: call it "
+                "before the first call (or compile()), or destroy() the model first"
+            )
+        self.__dict__.setdefault("_per_replica", {})[name] = grouping
 
     def __repr__(self) -> str:
         return module_repr(self._user_model)

@@ -56,6 +56,7 @@ from ..runtime.intra_op import (
 )
 from ..runtime.threads import JOIN_TIMEOUT_S, POLL_S, join_all
 from .inputs import BoundArgs
+from .replica_groups import GroupedVariable, grouped_variables
 from .replicas import ReplicaBuffers
 
 __all__ = ["ReplicaThreads", "replica_copies"]
@@ -104,8 +105,11 @@ class _Replica:
         loss_leaf: int | None,
         threads: int,
         ready: threading.Semaphore,
+        index: int = 0,
+        grouped: list[GroupedVariable] | None = None,
     ) -> None:
         self.module, self.params, self.loss_leaf = module, params, loss_leaf
+        self.index, self.grouped = index, grouped or []
         self.threads, self.ready = threads, ready
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.results: queue.Queue[Any] = queue.Queue(maxsize=2)
@@ -130,7 +134,8 @@ class _Replica:
 
     def _compute(self, job: _Job) -> Iterator[Result]:
         for mb in job.micro_batches:
-            with running_on_ipu(), training_graph(job.training):
+            grouped = grouped_variables(self.grouped, self.module, self.index)
+            with running_on_ipu(), training_graph(job.training), grouped:
                 with torch.set_grad_enabled(job.training):
                     out = self.module(*mb.args, **mb.kwargs)
             leaves = pytree.tree_leaves(out)
@@ -161,6 +166,7 @@ class ReplicaThreads:
         replicas: R.
         buffers: per-replica buffers (``broadcastBuffers(False)``) or None.
         loss_leaf: index of the final loss among forward's output leaves (training).
+        grouped: replica-grouped parameters (each replica computes with its group's value).
     """
 
     def __init__(
@@ -169,6 +175,7 @@ class ReplicaThreads:
         replicas: int,
         buffers: ReplicaBuffers | None,
         loss_leaf: int | None,
+        grouped: list[GroupedVariable] | None = None,
     ) -> None:
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -177,8 +184,8 @@ class ReplicaThreads:
         self.threads_per_replica = pinned if pinned is not None else max(1, main // replicas)
         ready = threading.Semaphore(0)
         self._replicas = [
-            _Replica(module, self.params, loss_leaf, self.threads_per_replica, ready)
-            for module in replica_copies(model, replicas, buffers)
+            _Replica(module, self.params, loss_leaf, self.threads_per_replica, ready, r, grouped)
+            for r, module in enumerate(replica_copies(model, replicas, buffers))
         ]
         self._threads = [
             threading.Thread(target=rep.main, name=f"poptorch_sim replica {r}", daemon=True)

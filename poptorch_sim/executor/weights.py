@@ -281,19 +281,29 @@ class DeviceCopy:
             self.model.to(device)
         self._host = host
         self.pairs = _pair_tensors(host, self.model)
+        self.grouped: dict[str, Any] = {}  # name → GroupedVariable (see replica_groups.py)
 
     def upload(self, only: Callable[[str], bool] | None = None) -> None:
         """Copy host values into the device copy (``copyWeightsToDevice``)."""
         with _NoSync(), torch.no_grad():
             for name, host_t, dev_t in self.pairs:
                 if only is None or only(name):
-                    dev_t.copy_(host_t.detach())
+                    value = host_t.detach()
+                    if name in self.grouped:
+                        value = self.grouped[name].from_host(value)
+                    dev_t.copy_(value)
 
     def download(self) -> None:
         """Copy device values into the host model (``copyWeightsToHost``)."""
         with _NoSync(), torch.no_grad():
-            for _, host_t, dev_t in self.pairs:
-                host_t.copy_(dev_t.detach())
+            for name, host_t, dev_t in self.pairs:
+                value = dev_t.detach()
+                if name in self.grouped:
+                    value = self.grouped[name].to_host(value)
+                    if value.shape != host_t.shape:  # AllReplicas: one value per replica
+                        host_t.data = value.clone()
+                        continue
+                host_t.copy_(value)
 
     def check_unchanged(self) -> None:
         """Raise PopTorch's errors if ``forward`` reassigned or removed a buffer or parameter."""

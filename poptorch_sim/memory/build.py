@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from .. import env
+from ..executor.replica_groups import grouped_variables
 from ..logger import logger
 from ..runtime.schedules import Schedule, make_schedule
 from .activations import StageActivations, model_activations, stage_activations
@@ -107,11 +108,13 @@ def report_at_compile(
         schedule_name = program.runtime.schedule_name
     else:
         stages = [(0, 0, program.model)]
-        acts = [
-            model_activations(program.model, first.args, first.kwargs, training)
-            if training
-            else StageActivations(0, 0, 0, 0, "inference")
-        ]
+        # replica-grouped weights: a replica computes with one group's value
+        with grouped_variables(getattr(program, "grouped", []), program.model, 0):
+            acts = [
+                model_activations(program.model, first.args, first.kwargs, training)
+                if training
+                else StageActivations(0, 0, 0, 0, "inference")
+            ]
         schedule_name = "sharded"
     report = build_report(stages, acts, settings, schedule_name, trainer, env.ipu_memory())
     notes = list(report.notes)

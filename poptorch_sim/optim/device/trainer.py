@@ -91,6 +91,7 @@ class DeviceTrainer:
         self.params = params
         self.names = names
         self.param_names = [names[id(p)] for p in params]
+        self.groups_of: dict[str, int] = {}  # replica-grouped weights: name → group count
         self._log_groups(snap)
         self._mean_over = micro_batches_per_step if reduction == ReductionType.Mean else 1
         self.fused = not (snap.kind == "rmsprop" and snap.use_tf_variant)
@@ -304,6 +305,10 @@ def read_state(trainer: DeviceTrainer) -> tuple[dict[str, torch.Tensor], dict[st
     )
     if trainer.als is not None:
         ipu_state[FACTOR_NAME] = torch.tensor(trainer.als.factor, dtype=torch.float32)
+    for name, value in ipu_state.items():  # a grouped weight's step count: one per group
+        groups = trainer.groups_of.get(name.split("___", 1)[-1])
+        if groups is not None and value.dim() == 0:
+            ipu_state[name] = value.expand(groups).clone()
     return ipu_state, ipu_param
 
 
@@ -315,6 +320,17 @@ def write_state(
     if FACTOR_NAME in ipu_state:
         ipu_state = dict(ipu_state)
         trainer.set_loss_scale_factor(float(ipu_state.pop(FACTOR_NAME)))
+    if trainer.groups_of:  # a grouped weight's per-group step counts: the device keeps one
+        current, _ = export_state(
+            trainer.optimizer,
+            trainer.snapshot,
+            trainer.param_names,
+            gradient_accumulation=trainer.gradient_accumulation,
+        )
+        ipu_state = {
+            k: v[0] if k in current and current[k].dim() == 0 and v.dim() == 1 else v
+            for k, v in ipu_state.items()
+        }
     loss_scaling = import_state(
         trainer.optimizer,
         trainer.snapshot,
