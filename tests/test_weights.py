@@ -99,6 +99,30 @@ def test_inference_model_follows_training_model() -> None:
     torch.testing.assert_close(out, training._executable.device.model.lin(x))
 
 
+def test_syncs_go_through_the_executors_copy_weights_to_host() -> None:
+    """A program that replaces ``copyWeightsToHost`` on its training model (PopTorch's own tests
+    count downloads that way) sees every download a sync makes: the one an inference model of
+    the same module triggers, and the one a host access triggers."""
+    model = Net()
+    training = _train(model)
+    calls = [0]
+    original = training.copyWeightsToHost
+
+    def counting() -> None:
+        calls[0] += 1
+        original()
+
+    training.copyWeightsToHost = counting
+    inference = poptorch.inferenceModel(model)
+    x = torch.randn(4, 3)
+    out, _ = inference(x, torch.zeros(4, 2))
+    assert calls[0] == 1
+    torch.testing.assert_close(out, model.lin(x))
+    training(torch.randn(4, 3), torch.randn(4, 2))
+    _ = model.lin.weight + 1
+    assert calls[0] == 2
+
+
 def test_inference_model_does_not_see_host_changes_until_copy() -> None:
     model = nn.Linear(2, 2)
     inference = poptorch.inferenceModel(model)

@@ -16,7 +16,7 @@ releases it (See [Note: one model per IPU id] in ``hardware.py``).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from typing import Protocol
 
 from torch import nn
 
@@ -29,25 +29,35 @@ from .weights import DeviceCopy, HostSync, owner_of
 __all__ = ["DeviceLink"]
 
 
+class Executor(Protocol):
+    """What the link calls on its executor."""
+
+    def destroy(self) -> None: ...
+
+    def copyWeightsToHost(self) -> None: ...
+
+
 class DeviceLink:
     """Attachment and weight copies of one executor.
 
     Args:
         model: the user's model (the host weights).
         training: whether the executor trains (only then are host accesses hooked).
-        destroy: the executor's ``destroy``, which the host model's ``destroy()`` calls. Held
-            weakly: the host model never keeps an executor alive.
+        executor: the executor; the host model's ``destroy()`` calls its ``destroy``, and every
+            download a sync makes goes through its ``copyWeightsToHost`` (looked up at each
+            call, so a method a program replaced on the executor sees them, as in PopTorch).
+            Held weakly: the host model never keeps an executor alive.
         options: the executor's options (which IPU id attaching claims).
     """
 
     def __init__(
-        self, model: nn.Module, training: bool, destroy: Callable[[], None], options: Options
+        self, model: nn.Module, training: bool, executor: Executor, options: Options
     ) -> None:
         self._model = model
         self._options = options
         self._claim: IpuClaim | None = None
         self._training = training
-        self._destroy = weakref.WeakMethod(destroy)
+        self._executor = weakref.ref(executor)
         self._device: DeviceCopy | None = None
         self._buffers: ReplicaBuffers | None = None
         self._host_sync = HostSync(model, self) if training else None
@@ -76,9 +86,9 @@ class DeviceLink:
 
     def destroy(self) -> None:
         """The host model's ``destroy()``: destroy the executor, if it still exists."""
-        destroy = self._destroy()
-        if destroy is not None:
-            destroy()
+        executor = self._executor()
+        if executor is not None:
+            executor.destroy()
 
     # -- attachment -----------------------------------------------------------------------------
     def claim(self) -> None:
@@ -136,14 +146,21 @@ class DeviceLink:
     def copy_to_host_if_needed(self) -> bool:
         """Download if the device trained since the last download; whether it did."""
         if self._training and self.dirty_host_weights and self._device is not None:
-            self.copy_to_host()
+            self._download()
             return True
         return False
 
     def implicit_copy_to_host(self) -> None:
         """The download a host access of a training model triggers."""
         logger.debug("Implicit copyWeightsToHost()")
-        self.copy_to_host()
+        self._download()
+
+    def _download(self) -> None:
+        executor = self._executor()
+        if executor is not None:
+            executor.copyWeightsToHost()
+        else:
+            self.copy_to_host()
 
     def copy_buffers_to_device(self, names: list[str]) -> None:
         """Upload only the buffers ``names``."""

@@ -72,7 +72,7 @@ class PoplarExecutor:
         self._call_lock = threading.RLock()  # See [Note: calls from several threads]
         self._per_replica: dict[str, ReplicaGrouping] = {}  # replicaGrouping() per parameter
         self._optim = OptimizerLink(model, self._options, optimizer) if training else None
-        self._link = DeviceLink(model, training, self.destroy, self._options)
+        self._link = DeviceLink(model, training, self, self._options)
         self._link.hook_host()
 
     # -- calling --------------------------------------------------------------------------------
@@ -373,7 +373,7 @@ class PoplarExecutor:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._call_lock = threading.RLock()
-        self._link = DeviceLink(self._user_model, self._training, self.destroy, self._options)
+        self._link = DeviceLink(self._user_model, self._training, self, self._options)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_user_model", "_options"):
