@@ -282,9 +282,9 @@ def sim_call(case: Case, model: nn.Module, batch: Batch, s: Size, strategy: str,
     opts = poptorch.Options()
     if strategy == "sharded":
         opts.setExecutionStrategy(poptorch.ShardedExecution(case.stage))
-    elif case.cut is None:
+    else:
         opts.setExecutionStrategy(poptorch.PipelinedExecution(case.stage))
-    if case.cut is not None:
+    if case.cut is not None:  # the split points' devices and stages replace any blocks
         first = micro_batches(batch, s.ga)[0]
         poptorch.Sharder(case.cut, case.cut).run(model, **first)
     opts.showCompilationProgressBar(False)
@@ -367,6 +367,23 @@ def model_ceiling(case: Case, s: Size, cores: int) -> float:
     return statistics.median(ratios)
 
 
+def selected(only: str) -> list[str]:
+    """The cases ``--only`` names: ``resnet50`` also selects ``resnet50-poprt``.
+
+    Raises:
+        SystemExit: a name that is no case's.
+    """
+    if not only:
+        return list(CASES)
+    names = []
+    for wanted in only.split(","):
+        found = [n for n in CASES if n == wanted or n.startswith(f"{wanted}-")]
+        if not found:
+            raise SystemExit(f"--only {wanted!r}: not one of {', '.join(CASES)}")
+        names += [n for n in found if n not in names]
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny configs (a minute or two)")
@@ -387,7 +404,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
     torch.set_num_threads(cores)
-    names = args.only.split(",") if args.only else list(CASES)
+    names = selected(args.only)
     if ResNet is None:
         print("torchvision is not installed: no ResNet-50 rows")
         names = [n for n in names if not n.startswith("resnet")]
@@ -406,8 +423,6 @@ def main() -> None:
         case = CASES[name]
         for kind in args.kinds.split(","):
             for strategy in args.strategies.split(","):
-                if case.cut is not None and strategy == "sharded":
-                    continue  # PopRT's cut gives stages; its rows are pipelined
                 row(case, s, strategy, kind == "train", steps, cores, 0 if args.quick else 2)
     for name in [] if args.no_model_ceilings else names:
         print(
