@@ -6,6 +6,8 @@ and a Llama-style ``LlamaForCausalLM``; each pipelined and sharded, training and
 
 * training: one ``trainingModel`` call = ``GA`` micro-batches forward + backward and one SGD
   step. Eager: the same micro-batches on the main thread, ``loss / GA`` backward each, one step.
+  BatchNorm (ResNet-50) is in training mode: each micro-batch is normalised by its own
+  statistics, as on IPUs, and eager sees the same micro-batches in the same order.
 * inference: one ``inferenceModel`` call of ``DI`` micro-batches. Eager: the same micro-batches
   under ``torch.no_grad()``.
 * eager runs with every core (``torch.set_num_threads(cores)``); poptorch_sim's IPU workers
@@ -18,7 +20,8 @@ and a Llama-style ``LlamaForCausalLM``; each pipelined and sharded, training and
   its eager training step.
 
 Run: ``python benchmarks/models.py [--quick] [--steps N] [--only gpt2,bert]``
-(``--quick`` uses tiny configs: a minute or two on two cores.)
+(``--quick`` uses tiny configs: a minute or two on two cores; ``--only resnet50`` selects both
+ResNet-50 placements, ``resnet50-poprt`` only PopRT's cut.)
 """
 
 from __future__ import annotations
@@ -231,6 +234,7 @@ class Case:
     stages: int = 4  # forward pipeline stages: pipelined training needs GA >= 2 * stages - 1
     cut: dict[str, int] | None = None  # PopRT's manual sharding by node name
     targets: str | None = None  # in inference, what the training labels are passed as
+    eager_as: str | None = None  # the case whose eager model this is (one ceiling for both)
 
 
 CASES = {
@@ -243,7 +247,11 @@ CASES = {
     "vit": Case("ViT", vit, images),
     "resnet50": Case("ResNet-50 blocks", lambda s: resnet50(True), images),
     "resnet50-poprt": Case(
-        "ResNet-50 PopRT cut", lambda s: resnet50(False), images, cut=POPRT_CUT
+        "ResNet-50 PopRT cut",
+        lambda s: resnet50(False),
+        images,
+        cut=POPRT_CUT,
+        eager_as="resnet50",
     ),
 }
 
@@ -282,9 +290,9 @@ def sim_call(case: Case, model: nn.Module, batch: Batch, s: Size, strategy: str,
     opts = poptorch.Options()
     if strategy == "sharded":
         opts.setExecutionStrategy(poptorch.ShardedExecution(case.stage))
-    elif case.cut is None:
+    else:
         opts.setExecutionStrategy(poptorch.PipelinedExecution(case.stage))
-    if case.cut is not None:
+    if case.cut is not None:  # the split points' devices and stages replace any blocks
         first = micro_batches(batch, s.ga)[0]
         poptorch.Sharder(case.cut, case.cut).run(model, **first)
     opts.showCompilationProgressBar(False)
@@ -367,6 +375,23 @@ def model_ceiling(case: Case, s: Size, cores: int) -> float:
     return statistics.median(ratios)
 
 
+def selected(only: str) -> list[str]:
+    """The cases ``--only`` names: ``resnet50`` also selects ``resnet50-poprt``.
+
+    Raises:
+        SystemExit: a name that is no case's.
+    """
+    if not only:
+        return list(CASES)
+    names = []
+    for wanted in only.split(","):
+        found = [n for n in CASES if n == wanted or n.startswith(f"{wanted}-")]
+        if not found:
+            raise SystemExit(f"--only {wanted!r}: not one of {', '.join(CASES)}")
+        names += [n for n in found if n not in names]
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny configs (a minute or two)")
@@ -387,7 +412,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
     torch.set_num_threads(cores)
-    names = args.only.split(",") if args.only else list(CASES)
+    names = selected(args.only)
     if ResNet is None:
         print("torchvision is not installed: no ResNet-50 rows")
         names = [n for n in names if not n.startswith("resnet")]
@@ -406,10 +431,10 @@ def main() -> None:
         case = CASES[name]
         for kind in args.kinds.split(","):
             for strategy in args.strategies.split(","):
-                if case.cut is not None and strategy == "sharded":
-                    continue  # PopRT's cut gives stages; its rows are pipelined
                 row(case, s, strategy, kind == "train", steps, cores, 0 if args.quick else 2)
     for name in [] if args.no_model_ceilings else names:
+        if CASES[name].eager_as in names:
+            continue  # the same eager model as that case's: its ceiling is printed once
         print(
             f"{CASES[name].name}: eager training ran {model_ceiling(CASES[name], s, cores):.2f}x "
             f"as fast on {cores} threads as on 1",
