@@ -54,7 +54,14 @@ from ..runtime.intra_op import (
     restore_default_threads,
     set_worker_threads,
 )
-from ..runtime.threads import JOIN_TIMEOUT_S, POLL_S, join_all
+from ..runtime.threads import (
+    JOIN_TIMEOUT_S,
+    POLL_S,
+    join_all,
+    polled_get,
+    polled_put,
+    start_thread,
+)
 from .inputs import BoundArgs
 from .replica_groups import GroupedVariable, grouped_variables
 from .replicas import ReplicaBuffers
@@ -149,13 +156,7 @@ class _Replica:
 
     def _put(self, item: Any, job: _Job) -> bool:
         """Hand ``item`` to the caller; False when the caller gave the job up."""
-        while not job.abort.is_set():
-            try:
-                self.results.put(item, timeout=POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return polled_put(self.results, item, job.abort)
 
 
 class ReplicaThreads:
@@ -188,11 +189,9 @@ class ReplicaThreads:
             for r, module in enumerate(replica_copies(model, replicas, buffers))
         ]
         self._threads = [
-            threading.Thread(target=rep.main, name=f"poptorch_sim replica {r}", daemon=True)
+            start_thread(rep.main, f"poptorch_sim replica {r}")
             for r, rep in enumerate(self._replicas)
         ]
-        for thread in self._threads:
-            thread.start()
         for _ in self._threads:
             ready.acquire(timeout=JOIN_TIMEOUT_S)
         restore_default_threads(main)  # See [Note: per-thread intra-op threads]
@@ -243,19 +242,15 @@ class ReplicaThreads:
             self._drain(jobs)
 
     def _take(self, r: int) -> Result:
-        while True:
-            try:
-                ok, payload = self._replicas[r].results.get(timeout=POLL_S)
-            except queue.Empty:
-                if not self._threads[r].is_alive():
-                    raise Error(
-                        f"the thread of replica {r} stopped in the middle of a run"
-                    ) from None
-                continue
-            if ok:
-                return payload  # type: ignore[no-any-return]
-            mb, exc = payload
-            raise Error(f"replica {r} failed on its micro-batch {mb}: {exc}") from exc
+        thread = self._threads[r]
+        got, outcome = polled_get(self._replicas[r].results, lambda: not thread.is_alive())
+        if not got:
+            raise Error(f"the thread of replica {r} stopped in the middle of a run")
+        ok, payload = outcome
+        if ok:
+            return payload  # type: ignore[no-any-return]
+        mb, exc = payload
+        raise Error(f"replica {r} failed on its micro-batch {mb}: {exc}") from exc
 
     def _drain(self, jobs: list[_Job]) -> None:
         """Empty the result queues once every thread has left its job (after a failure)."""
