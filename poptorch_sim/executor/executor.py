@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..compat.overwrite import substitutions
 from ..enums import ConnectionType
 from ..errors import NO_EXECUTABLE_ERR, Error
 from ..logger import logger
@@ -108,7 +109,8 @@ class PoplarExecutor:
         check_batch(bound, exe.layout)
         if exe.trainer is not None and self._optim is not None:
             self._optim.write_state_if_loaded()  # a loaded state goes up before the run uses it
-        outputs, self._perf = exe.run(bound, self._options)
+        with substitutions():  # add-on packages' swapped functions, as at compile
+            outputs, self._perf = exe.run(bound, self._options)
         if exe.trainer is not None:
             self._link.mark_trained()
             if self._optim is not None:
@@ -130,17 +132,18 @@ class PoplarExecutor:
         bar = CompilationBar(self._options._show_compilation_progress_bar)
         hooks.run_pre_compile()
         self._link.hook_host()
-        exe = build_executable(
-            bound,
-            self._user_model,
-            self._model_snapshot,
-            self._options,
-            self._training,
-            self._optim.build_trainer if self._optim is not None else None,
-            bar,
-            self._link.claim,
-            per_replica=self.__dict__.get("_per_replica"),
-        )
+        with substitutions():  # see compat/overwrite.py
+            exe = build_executable(
+                bound,
+                self._user_model,
+                self._model_snapshot,
+                self._options,
+                self._training,
+                self._optim.build_trainer if self._optim is not None else None,
+                bar,
+                self._link.claim,
+                per_replica=self.__dict__.get("_per_replica"),
+            )
         self._memory_report = exe.memory  # read by poptorch_sim.memory_report
         self._executable = exe
         self._link.connect(exe.device, exe.program.buffers)
