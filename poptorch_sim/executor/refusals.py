@@ -10,24 +10,136 @@ op fine on the host; refusing it too keeps a program that runs here one that com
     F.interpolate / nn.Upsample, linear or        Unsupported upsample mode aten::upsample_...:
       trilinear mode                                currently only 'nearest' is supported
     x[mask] (a bool / uint8 tensor index)         torch's DynamicOutputShapeException (aten.index)
+    an op mixing a tensor made in forward by a    Expected an IPU tensor but got
+      legacy constructor (torch.LongTensor(..))     tensor(device=cpu, shape=[2], dtype=Long)
+      with the model's tensors
+
+[Note: host tensors made in forward]
+PopTorch puts every tensor that ``forward`` makes with a factory function (``torch.tensor``,
+``torch.zeros`` ...) on the IPU, but a legacy typed constructor (``torch.LongTensor([1, 0])``,
+``torch.FloatTensor`` ...) always makes a CPU tensor, and an op that mixes it with IPU tensors
+fails to compile. Here every tensor is a host tensor, so while the first micro-batch runs the
+typed constructors are wrapped to mark what they make; ops among marked tensors only stay on
+the host (their results are marked), ``.to``/``.copy_`` move a marked tensor to the device, and
+any other op mixing a marked tensor of one or more dimensions with an unmarked one raises
+PopTorch's error. 0-dim tensors may mix, as CPU scalars may in PyTorch.
 
 Simulated: checked on the first micro-batch of a model that runs as one program (compile
-time); the stages of a pipelined or sharded program are not checked.
+time); the stages of a pipelined or sharded program are not checked, and ``torch.Tensor(..)``
+(the untyped legacy constructor, which is also every tensor's class) is not wrapped.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import Error
 
 __all__ = ["PopTorchRefusals"]
 
 _UPSAMPLE_OPS = {"linear": "upsample_linear1d", "trilinear": "upsample_trilinear3d"}
+
+_TYPED_CONSTRUCTORS = (
+    "FloatTensor",
+    "DoubleTensor",
+    "HalfTensor",
+    "BFloat16Tensor",
+    "ByteTensor",
+    "CharTensor",
+    "ShortTensor",
+    "IntTensor",
+    "LongTensor",
+    "BoolTensor",
+)
+_HOST_MARK = "_poptorch_sim_host_tensor"
+_MOVES = {"to", "copy_"}  # ops that take a host tensor to the device
+
+
+class _HostConstructor:
+    """A typed legacy constructor (``torch.LongTensor`` ...) whose tensors are marked as host
+    tensors; ``isinstance`` and attributes answer as the real type's."""
+
+    def __init__(self, real: Any) -> None:
+        self.wrapped = real
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        tensor = self.wrapped(*args, **kwargs)
+        setattr(tensor, _HOST_MARK, True)
+        return tensor
+
+    def __instancecheck__(self, obj: object) -> bool:
+        return isinstance(obj, self.wrapped)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    def __repr__(self) -> str:
+        return repr(self.wrapped)
+
+
+_lock = threading.Lock()
+_depth = 0
+
+
+def _wrap_constructors() -> None:
+    global _depth
+    with _lock:
+        if _depth == 0:
+            for name in _TYPED_CONSTRUCTORS:
+                setattr(torch, name, _HostConstructor(getattr(torch, name)))
+        _depth += 1
+
+
+def _unwrap_constructors() -> None:
+    global _depth
+    with _lock:
+        _depth -= 1
+        if _depth == 0:
+            for name in _TYPED_CONSTRUCTORS:
+                wrapped = getattr(torch, name)
+                if isinstance(wrapped, _HostConstructor):
+                    setattr(torch, name, wrapped.wrapped)
+
+
+def _is_host(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and getattr(value, _HOST_MARK, False)
+
+
+def _dtype_name(tensor: torch.Tensor) -> str:
+    return tensor.type().removeprefix("torch.").removesuffix("Tensor")  # c10's: Long, Float ...
+
+
+def _check_host_tensors(
+    name: str, leaves: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> bool:
+    """Raise for an op mixing host and device tensors; whether the op runs on the host."""
+    tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+    hosts = [t for t in tensors if _is_host(t)]
+    if not hosts:
+        return False
+    if name in _MOVES:
+        return name == "to" and len(tensors) == 1 and not _names_device(args, kwargs)
+    if len(hosts) == len(tensors):
+        return True
+    host = next((t for t in hosts if t.dim() > 0), None)
+    if host is None:
+        return False
+    shape = ", ".join(str(d) for d in host.shape)
+    raise _cpp_error(
+        f"Expected an IPU tensor but got tensor(device=cpu, shape=[{shape}], "
+        f"dtype={_dtype_name(host)})"
+    )
+
+
+def _names_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    values = list(args[1:]) + list(kwargs.values())
+    return any(isinstance(v, (str, torch.device)) for v in values)
 
 
 def _cpp_error(message: str) -> Error:
@@ -55,6 +167,20 @@ def _mask_index(index: Any) -> bool:
 class PopTorchRefusals(TorchFunctionMode):
     """Raise PopTorch's compile error for the calls listed in the module docstring."""
 
+    def __enter__(self) -> PopTorchRefusals:
+        _wrap_constructors()
+        try:
+            return super().__enter__()  # type: ignore[no-any-return]
+        except BaseException:
+            _unwrap_constructors()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            _unwrap_constructors()
+
     def __torch_function__(
         self,
         func: Any,
@@ -64,6 +190,11 @@ class PopTorchRefusals(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        leaves = tree_flatten((args, kwargs))[0]
+        if any(isinstance(v, _HostConstructor) for v in leaves):  # x.type(torch.LongTensor)
+            args, kwargs = tree_map(_real_type, (args, kwargs))
+            leaves = tree_flatten((args, kwargs))[0]
+        on_host = _check_host_tensors(name, leaves, args, kwargs)
         if name == "one_hot" and _arg(args, kwargs, 1, "num_classes", -1) == -1:
             raise _cpp_error("OneHot num classes must be specified and must be constant.")
         if name == "bincount" and _arg(args, kwargs, 2, "minlength", 0) <= 0:
@@ -85,4 +216,15 @@ class PopTorchRefusals(TorchFunctionMode):
                 "values, which a static IPU graph cannot hold: use torch.where or masked_fill."
             )
             raise err
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if name == "to" and not on_host and _is_host(out):
+            out = out.view_as(out)  # moved to the device: a new tensor, as PopTorch's
+        if on_host:
+            for value in tree_flatten(out)[0]:
+                if isinstance(value, torch.Tensor):
+                    setattr(value, _HOST_MARK, True)
+        return out
+
+
+def _real_type(value: Any) -> Any:
+    return value.wrapped if isinstance(value, _HostConstructor) else value
