@@ -115,6 +115,9 @@ def run_file(tests: Path, file: str, out: Path, timeout: int, wall: int) -> File
         [str(PROJECT), str(tests)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
     env["POPTORCH_SIM_NUM_IPUS"] = str(NUM_IPUS.get(file, DEFAULT_NUM_IPUS))
+    # Tests that re-run pytest call `python3`: make it this interpreter, as in PopTorch's CI
+    # (a python3 found elsewhere on PATH lacks torch and the test dependencies).
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     start = time.monotonic()
     note = ""
     log = out / (file.replace("/", "__") + ".log")

@@ -1,4 +1,4 @@
-"""``poptorch.AsynchronousDataAccessor``: loads batches ahead of the model on a background thread."""
+"""``poptorch.AsynchronousDataAccessor``: loads batches ahead of the model in a worker process."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 from ..enums import SharingStrategy
 from ..errors import createPoptorchError
 from ..logger import logger
-from .prefetch import Item, Prefetcher
+from .prefetch import Item
 from .rebatch import check_batch, rebatch
+from .worker_process import WorkerProcess
 from .workers import shutdown_workers
 
 __all__ = ["AsynchronousDataAccessor"]
@@ -19,13 +20,11 @@ _ALREADY_ASYNC = (
     "The DataLoader already uses an AsynchronousDataAccessor internally. Either use the existing "
     "one or set mode='poptorch.DataLoaderMode.Sync' in the DataLoader."
 )
-_FAILED_TO_START = (
-    "AsynchronousDataAccessor worker thread failed to start (Check above for details)"
-)
+_FAILED_TO_START = "AsynchronousDataAccessor worker thread failed to start (Check above for details)"  # PopTorch's words, though its worker is a process too
 
 
 class AsynchronousDataAccessor:
-    """Iterate over ``dataset`` with batches prefetched by a background thread.
+    """Iterate over ``dataset`` with batches prefetched by a worker process.
 
     PopTorch's accessor for hiding data loading behind the model: iterating it returns exactly
     what iterating ``dataset`` returns, in the same order, while the next ``buffer_size`` batches
@@ -34,13 +33,16 @@ class AsynchronousDataAccessor:
     dataset reaches the caller unchanged (same type and message, with a note saying where it was
     raised), at the batch where it happened.
 
-    Simulated: PopTorch runs a separate process (started with ``sharing_strategy``) that copies
-    batches into a ring buffer of shared memory and returns views of that buffer, which the next
-    batch overwrites. Here one daemon *thread* iterates ``dataset`` into a bounded queue; the
-    parallel loading is done by the torch ``DataLoader``'s own worker processes
-    (``num_workers``), so there is no second copy, returned tensors are never overwritten, and
-    ``sharing_strategy`` and ``miss_sleep_time_in_ms`` are accepted but have no effect (blocking
-    waits replace polling). See [Note: prefetch epochs] in ``prefetch.py``.
+    As PopTorch's, the accessor forks a worker process that iterates ``dataset`` (a DataLoader's
+    own worker processes are its children) and hands batches over in shared memory through a
+    ring of ``buffer_size`` slots; see [Note: the accessor's worker process] in
+    ``worker_process.py`` and [Note: prefetch epochs] in ``prefetch.py``. The dataset is used in
+    the worker: changes the parent makes to it after the accessor starts are not seen.
+
+    Simulated: PopTorch returns views of its ring buffer, which later batches overwrite; here
+    each batch has shared-memory storage of its own and is never overwritten. The worker is
+    always forked (``sharing_strategy`` is checked, not used), and ``miss_sleep_time_in_ms`` is
+    accepted but has no effect (waits poll every 50 ms).
 
     Args:
         dataset: any iterable: a ``poptorch.DataLoader``, a torch ``DataLoader``, a
@@ -79,14 +81,14 @@ class AsynchronousDataAccessor:
         sharing_strategy: SharingStrategy = SharingStrategy.ForkServer,
         rebatched_size: int | None = None,
     ) -> None:
-        self._prefetcher: Prefetcher | None = None
+        self._worker: WorkerProcess | None = None
         _check_arguments(dataset, rebatched_size)
         SharingStrategy(sharing_strategy)
         self.rebatched_size = rebatched_size
         self._embedded = getattr(dataset, "_embedding_accessor", False)
         # A DataLoader that owns this accessor is held weakly (it holds us); anything else
-        # strongly. The loading thread holds neither, so dropping the last user reference
-        # still finalises (and terminates) the accessor.
+        # strongly. Nothing the worker process uses refers to the accessor strongly, so dropping
+        # the last user reference still finalises (and terminates) the accessor.
         self._dataset_ref = weakref.ref(dataset) if self._embedded else (lambda d=dataset: d)
         self._generation = 0
         self._used = False
@@ -109,7 +111,7 @@ class AsynchronousDataAccessor:
             except Exception as error:  # shutting down must not raise
                 logger.debug("AsynchronousDataAccessor: worker shutdown failed: %s", error)
 
-        prefetcher = Prefetcher(
+        worker = WorkerProcess(
             open_epoch,
             close_epoch,
             buffer_size,
@@ -118,11 +120,11 @@ class AsynchronousDataAccessor:
             check_batch,
             name="poptorch_sim-AsynchronousDataAccessor",
         )
-        self._prefetcher = prefetcher
+        self._worker = worker
         # Runs on terminate(), on garbage collection, and at interpreter exit (atexit) while
         # holding no reference to self.
-        self._finalizer = weakref.finalize(self, prefetcher.close)
-        result = prefetcher.start()
+        self._finalizer = weakref.finalize(self, worker.close)
+        result = worker.start()
         if result.kind == "ok":
             return
         self.terminate()
@@ -136,14 +138,14 @@ class AsynchronousDataAccessor:
         raise createPoptorchError(_FAILED_TO_START) from result.error
 
     def terminate(self) -> None:
-        """Stop the loading thread and the data loader's worker processes (idempotent).
+        """Stop the worker process and the data loader's worker processes (idempotent).
 
         >>> import torch
         >>> AsynchronousDataAccessor(torch.utils.data.TensorDataset(torch.arange(2))).terminate()
         """
-        if self._prefetcher is not None:
+        if self._worker is not None:
             self._finalizer()
-            self._prefetcher = None
+            self._worker = None
 
     def __del__(self) -> None:
         self.terminate()
@@ -157,22 +159,22 @@ class AsynchronousDataAccessor:
         return length
 
     def __iter__(self) -> AsynchronousDataAccessor:
-        prefetcher = self._live_prefetcher()
+        worker = self._live_worker()
         if self._used or self._at_eof:
             # Finished or stopped part-way: move to the next epoch (see [Note: prefetch epochs]).
             self._generation += 1
         self._used = False
         self._at_eof = False
-        prefetcher.request_epoch(self._generation)
+        worker.request_epoch(self._generation)
         return self
 
     def __next__(self) -> Any:
         if self._at_eof:
             raise StopIteration
-        prefetcher = self._live_prefetcher()
-        prefetcher.request_epoch(self._generation)
+        worker = self._live_worker()
+        worker.request_epoch(self._generation)
         while True:
-            item = prefetcher.get()
+            item = worker.get()
             if item.generation >= self._generation:
                 break
         return self._deliver(item)
@@ -186,18 +188,18 @@ class AsynchronousDataAccessor:
             raise StopIteration
         error = item.payload
         error.add_note(
-            f"(raised while loading epoch {item.generation} on the AsynchronousDataAccessor "
-            "thread)"
+            f"(raised while loading epoch {item.generation} in the AsynchronousDataAccessor "
+            "worker process)"
         )
         raise error
 
-    def _live_prefetcher(self) -> Prefetcher:
-        if self._prefetcher is None:
+    def _live_worker(self) -> WorkerProcess:
+        if self._worker is None:
             raise createPoptorchError(
                 "This AsynchronousDataAccessor has been terminated: create a new one (or, for a "
                 "poptorch.DataLoader, iterate the DataLoader again) to load more data."
             )
-        return self._prefetcher
+        return self._worker
 
 
 def _check_arguments(dataset: Any, rebatched_size: int | None) -> None:
