@@ -1,4 +1,8 @@
-"""The background thread that prefetches batches, epoch by epoch, into a bounded queue.
+"""The loading loop that prefetches batches, epoch by epoch, into a bounded queue.
+
+``Prefetcher`` runs it on a daemon thread of the caller's process; the AsynchronousDataAccessor
+runs the same loop as the only thread of its worker process (``worker_process.py``, whose
+subclass puts into the shared ring and takes the consumer's requests from a pipe).
 
 [Note: prefetch epochs]
 The producer (one daemon thread) and the consumer (the caller's thread) agree on epochs through
