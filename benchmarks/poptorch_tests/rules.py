@@ -42,6 +42,9 @@ RULES: list[tuple[str, str, str]] = [
      r"process_to_kill_asyncdataloader\n\s*KeyboardInterrupt",
      "a race in the test on a loaded machine: its SIGINT reaches the parent while it is still in "
      "print(), before its try: block (the worker process exits quietly, as asked)"),
+    ("torch", r"torch_geometric.typing' has no attribute 'WITH_TORCH_CLUSTER_BATCH_SIZE'",
+     "PyG's knn needs torch_cluster, which is not installed (without it the pinned pyg-nightly "
+     "does not even define the flag its knn reads)"),
     ("torch", r"KeyError: 'disable_dynamic_shapes'|edge_conv' has no attribute 'knn'",
      "poptorch_geometric's substitutions need the pyg-nightly PopTorch pins "
      "(2.4.0.dev20230613), not this PyG"),
