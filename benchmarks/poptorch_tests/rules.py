@@ -73,11 +73,11 @@ RULES: list[tuple[str, str, str]] = [
      "lacks this API (later releases change the Collater poptorch_geometric subclasses)"),
     ("torch", r"Norm\.forward\(\) takes from 2 to 3 positional arguments|cannot import name "
      r"'(RotatE|SelectOutput)' from 'torch_geometric|'NoneType' object has no attribute 'knn'",
-     "needs the pinned pyg-nightly's API or torch_cluster, which PyG 2.3.1 here lacks"),
+     "needs the pinned pyg-nightly's API (PyG 2.3.1 lacks it) or torch_cluster (not installed)"),
     ("torch", r"torch\.fx\._symbolic_trace' has no attribute 'Union'|HypergraphConv\.forward\(\) "
      r"takes|invalid value for 'combine_root'|requires `torch-cluster`|gnn\.ops\.test_spline_conv_ops",
-     "PyG 2.3.1 against torch 2.14, or an API of the pinned pyg-nightly / torch_cluster / "
-     "torch_spline_conv that this environment lacks"),
+     "PyG (2.3.1 or the pinned pyg-nightly) against torch 2.14 (torch.fx no longer exports "
+     "Union), or torch_cluster / torch_spline_conv, which this environment lacks"),
     ("torch", r"test_error_mismatch|test_reject_fuzzy_match_without_fuzzy_option",
      "expects an older pytest's 'Regex pattern ... does not match' wording for pytest.raises"),
     ("torch", r"fixture 'benchmark' not found",
