@@ -5,7 +5,9 @@
     process_block.py  the contiguous block of the dataset one process reads (several processes)
     workers.py        capping and shutting down the worker processes
     accessor.py       ``AsynchronousDataAccessor``: batches loaded ahead of the model
-    prefetch.py       the accessor's background thread (epochs, a bounded queue)
+    prefetch.py       the loading loop, epoch by epoch (a thread, or the worker process's)
+    worker_process.py the accessor's worker process and its requests
+    ring.py           the shared-memory slots batches cross in
 
 The datasets themselves (MNIST, or its generated stand-in offline) are ``poptorch_sim.datasets``.
 """

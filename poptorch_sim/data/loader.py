@@ -24,7 +24,7 @@ class _AsyncEpoch:
     """An epoch of an asynchronous ``DataLoader``: the accessor's iterator, holding the loader.
 
     The loader holds its accessor and terminates it when it is collected; the accessor holds the
-    loader only weakly, so that dropping the loader stops the loading thread. In
+    loader only weakly, so that dropping the loader stops the worker process. In
     ``for batch in poptorch.DataLoader(opts, ds, mode=DataLoaderMode.Async)`` the loader is a
     temporary: this iterator keeps it alive (as PopTorch's accessor keeps its loader) until the
     loop lets go of the iterator.
@@ -414,7 +414,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         return self._options
 
     def terminate(self) -> None:
-        """Stop the asynchronous loading thread and the worker processes (idempotent).
+        """Stop the asynchronous worker process and the loader's worker processes (idempotent).
 
         Iterating the loader again afterwards starts them afresh.
         """
