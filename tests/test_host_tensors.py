@@ -65,3 +65,11 @@ def test_a_legacy_tensor_made_before_the_model_is_wrapped_is_not_refused() -> No
     fn = lambda x: x[made_outside.tolist()]  # noqa: E731
     x = torch.rand(4)
     torch.testing.assert_close(poptorch.inferenceModel(Forward(fn))(x), fn(x))
+
+
+def test_untyped_legacy_constructor_is_not_refused() -> None:
+    # Footgun pinned (differs from PopTorch, which refuses this CPU tensor too): torch.Tensor is
+    # also every tensor's class, so it is not wrapped, and its tensors run like eager's.
+    fn = lambda x: x + torch.Tensor([1.0, 2.0, 3.0, 4.0])  # noqa: E731
+    x = torch.rand(4)
+    torch.testing.assert_close(poptorch.inferenceModel(Forward(fn))(x), fn(x))
