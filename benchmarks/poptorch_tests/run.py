@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -131,10 +132,18 @@ def run_file(tests: Path, file: str, out: Path, timeout: int, wall: int) -> File
                 stderr=subprocess.STDOUT,
                 timeout=wall,
                 check=False,
+                preexec_fn=_default_sigint,
             )
         except subprocess.TimeoutExpired:
             note = f"file stopped after {wall} s"
     return read_report(out, FileResult(file, time.monotonic() - start, note=note))
+
+
+def _default_sigint() -> None:
+    # A runner started in the background (`cmd &` without job control) inherits SIGINT ignored,
+    # and so would pytest and Python's KeyboardInterrupt; the tests that send SIGINT expect the
+    # default, as in a terminal or CI.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def read_report(out: Path, result: FileResult) -> FileResult:
