@@ -32,11 +32,6 @@ RULES: list[tuple[str, str, str]] = [
     # -- crashes that surface inside a log a test was reading: still behaviour ----------------
     ("behaviour", r"DistributedError: cannot join", "offline compile joined a process group"),
     ("behaviour", r"Timeout \+\+\+|Failed: Timeout", "ran past the per-test timeout"),
-    # -- behaviour left as it is (reason in benchmarks/POPTORCH_TESTS.md) -----------------------
-    ("behaviour", r"half_test::test_buffers",
-     "a BatchNorm left in train mode in an inference model: poptorch_sim updates its running "
-     "statistics as eager PyTorch does (0.9 x stat + 0.1 x batch stat, returned by forward); "
-     "the test expects them unchanged, as PopTorch's inference graph does not write them back"),
     # -- the test, not poptorch_sim: fails the same way with plain torch / Python ---------------
     ("torch", r"Unexpected lines in output:\s*Traceback[^\n]*\n[^\n]*<string>[^\n]*\n[^\n]*"
      r"process_to_kill_asyncdataloader\n\s*KeyboardInterrupt",

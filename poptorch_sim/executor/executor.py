@@ -15,6 +15,7 @@ The executor owns the lifecycle (compile, attach/detach, destroy) and PopTorch's
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
 from typing import Any
@@ -30,6 +31,7 @@ from ..options import Options
 from ..options.session import log_options
 from ..printing import module_repr
 from . import hooks, inspection, serialization
+from .batchnorm import frozen_running_stats
 from .compilation import build_executable
 from .device_link import DeviceLink
 from .device_tree import shallow_copy
@@ -109,7 +111,7 @@ class PoplarExecutor:
         check_batch(bound, exe.layout)
         if exe.trainer is not None and self._optim is not None:
             self._optim.write_state_if_loaded()  # a loaded state goes up before the run uses it
-        with substitutions():  # add-on packages' swapped functions, as at compile
+        with substitutions(), self._inference_norms():  # both as at compile
             outputs, self._perf = exe.run(bound, self._options)
         if exe.trainer is not None:
             self._link.mark_trained()
@@ -132,7 +134,7 @@ class PoplarExecutor:
         bar = CompilationBar(self._options._show_compilation_progress_bar)
         hooks.run_pre_compile()
         self._link.hook_host()
-        with substitutions():  # see compat/overwrite.py
+        with substitutions(), self._inference_norms():  # see compat/overwrite.py, batchnorm.py
             exe = build_executable(
                 bound,
                 self._user_model,
@@ -155,6 +157,10 @@ class PoplarExecutor:
         self._compilation_time = datetime.datetime.now() - start
         if self._options.connection_type == ConnectionType.Always:
             self._attach()
+
+    def _inference_norms(self) -> contextlib.AbstractContextManager[None]:
+        """An inference model's training-mode BatchNorms keep their running statistics."""
+        return contextlib.nullcontext() if self._training else frozen_running_stats(self.model)
 
     def isCompiled(self) -> bool:
         """Whether the model has been compiled (and not destroyed)."""
