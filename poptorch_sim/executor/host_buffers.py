@@ -17,8 +17,9 @@ storage). A buffer the caller still holds is never written; the call allocates a
 ``KEEP = 2`` covers the usual ``out = model(x)`` loop, where the previous output is alive until
 the call returns. This is the CUDA caching allocator's rule (memory returns when its last
 tensor dies) for one kind of host tensor. Values are unchanged: the buffer is written whole.
-The cost is memory: up to ``KEEP`` idle buffers per output size stay mapped until
-``destroy()``.
+The cost is memory held between calls, not a higher peak: in that loop the old output and
+the new one were both alive during each call anyway; now the idle one stays mapped until the next
+call (at most ``KEEP`` buffers per output size, all let go by ``destroy()``).
 """
 
 from __future__ import annotations
