@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ from ..options import Options
 from ..runtime.dtypes import device_dtype
 from ..runtime.io_tiles import IoTiles
 from .eager import EagerProgram
+from .host_buffers import OutputBuffers
 from .inputs import BoundArgs
 from .layout import Layout
 from .outputs import OutputCollector
@@ -46,6 +47,8 @@ class Executable:
         trainer: the device side of training (None for inference).
         io: overlapped IO's threads (inference with IO tiles), else None.
         memory: the memory estimate made at compile time (``poptorch_sim.memory_report``).
+        host_outputs: the joined outputs' memory, reused across calls (See [Note: output
+            buffers are reused]).
     """
 
     inputs: BoundArgs
@@ -55,6 +58,7 @@ class Executable:
     trainer: DeviceTrainer | None
     io: IoTiles | None = None
     memory: Any = None
+    host_outputs: OutputBuffers = field(default_factory=OutputBuffers)
 
     def run(self, bound: BoundArgs, options: Options) -> tuple[Any, PerfRecord]:
         """One call: every micro-batch of ``bound`` through the program (and optimizer steps).
@@ -66,7 +70,10 @@ class Executable:
             call's performance record.
         """
         collector = OutputCollector(
-            OutputMode(options.output_mode), options.output_return_period, self.layout
+            OutputMode(options.output_mode),
+            options.output_return_period,
+            self.layout,
+            self.host_outputs,
         )
         trainer = self.trainer
         start = time.perf_counter()
@@ -105,7 +112,8 @@ class Executable:
         return (None if spec is None else pytree.tree_unflatten(leaves, spec)), perf
 
     def close(self) -> None:
-        """Stop the IO threads and the program's worker threads."""
+        """Stop the IO threads and the program's worker threads; let go of kept outputs."""
+        self.host_outputs.clear()
         if self.io is not None:
             self.io.close()
         self.program.close()

@@ -22,6 +22,7 @@ import torch
 from ..enums import OutputMode
 from ..errors import Error
 from ..runtime.dtypes import host_dtype
+from .host_buffers import OutputBuffers
 from .layout import Layout
 from .streams import assemble
 
@@ -53,10 +54,17 @@ class OutputCollector:
     """Gathers every micro-batch's output leaves, then joins each leaf per ``OutputMode``.
 
     The joining is the device-iteration output stream
-    (``poptorch_sim.executor.streams.assemble``): at most one copy per output.
+    (``poptorch_sim.executor.streams.assemble``): at most one copy per output, into
+    ``buffers`` when given (see [Note: output buffers are reused]).
     """
 
-    def __init__(self, mode: OutputMode, period: int, layout: Layout) -> None:
+    def __init__(
+        self,
+        mode: OutputMode,
+        period: int,
+        layout: Layout,
+        buffers: OutputBuffers | None = None,
+    ) -> None:
         di = layout.device_iterations
         if mode == OutputMode.EveryN and (period > di or di % period != 0):
             raise Error(
@@ -66,6 +74,7 @@ class OutputCollector:
         self._mode = mode.name
         self._period = period
         self._layout = layout
+        self._empty = buffers.empty if buffers is not None else None
         self._rows: list[list[Any]] = []
         self.times: list[float] = []  # when each micro-batch's outputs arrived (perf.py)
 
@@ -97,6 +106,7 @@ class OutputCollector:
                 lay.device_iterations,
                 lay.gradient_accumulation,
                 lay.replicas,
+                self._empty,
             )
             joined.append(block_backward(demote(out.detach())))
         return joined

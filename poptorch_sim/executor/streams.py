@@ -23,6 +23,8 @@ traced shape):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -90,7 +92,15 @@ def output_batch_dim(mode: str, period: int, di: int, ga: int, r: int) -> int:
     return r
 
 
-def assemble(outputs: list[Tensor], mode: str, period: int, di: int, ga: int, r: int) -> Tensor:
+def assemble(
+    outputs: list[Tensor],
+    mode: str,
+    period: int,
+    di: int,
+    ga: int,
+    r: int,
+    empty: Callable[[tuple[int, ...], torch.dtype], Tensor] | None = None,
+) -> Tensor:
     """Builds one call's output from the per-micro-batch outputs, with at most one copy.
 
     Args:
@@ -98,6 +108,8 @@ def assemble(outputs: list[Tensor], mode: str, period: int, di: int, ga: int, r:
         mode: ``"all"``, ``"everyn"``, ``"final"`` or ``"sum"`` (OutputMode names, any case).
         period: the EveryN return period (ignored by other modes).
         di, ga, r: device iterations, accumulation steps, replicas.
+        empty: where a joined CPU output goes (``empty(shape, dtype)``, e.g.
+            ``OutputBuffers.empty``); default ``torch.cat``'s own new tensor.
 
     Returns:
         ``S`` with dim 0 multiplied by ``b_dim``; a 0-d ``S`` becomes ``[b_dim]``; exactly ``S``
@@ -132,7 +144,27 @@ def assemble(outputs: list[Tensor], mode: str, period: int, di: int, ga: int, r:
         picked = outputs[-r:]
     if len(picked) == 1:
         return picked[0]
-    return torch.stack(picked) if outputs[0].dim() == 0 else torch.cat(picked)
+    if outputs[0].dim() == 0:
+        return torch.stack(picked)
+    if empty is None or not _plain_rows(picked):
+        return torch.cat(picked)
+    first = picked[0]
+    joined = empty((sum(t.shape[0] for t in picked), *first.shape[1:]), first.dtype)
+    return torch.cat(picked, out=joined)
+
+
+def _plain_rows(parts: list[Tensor]) -> bool:
+    """Whether ``torch.cat(parts)`` would be a contiguous CPU tensor of the parts' dtype that
+    autograd does not record (so ``cat(parts, out=)`` into an empty one is the same)."""
+    first = parts[0]
+    return all(
+        t.device.type == "cpu"
+        and t.dtype == first.dtype
+        and t.is_contiguous()
+        and not t.requires_grad
+        and t.shape[1:] == first.shape[1:]
+        for t in parts
+    )
 
 
 def _join_rows(stacked: Tensor, traced_dim: int, b_dim: int) -> Tensor:
