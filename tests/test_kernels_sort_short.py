@@ -131,6 +131,25 @@ def test_all_equal_and_already_sorted_rows() -> None:
     _check(torch.arange(1000, 0, -1, dtype=torch.int64).repeat(3, 1) << 40)
 
 
+# Dtypes of each item layout: 32-bit keys, 16-bit keys, 64-bit keys.
+LONG_ROW_DTYPES = [torch.float32, torch.int16, torch.float64]
+
+
+@pytest.mark.parametrize("n", [8192, 32768], ids=lambda n: f"n{n}")
+def test_long_rows_of_ordered_and_repeated_keys(n: int) -> None:
+    # Sorted, reversed, organ pipe, sawtooth, all equal, two values, all NaN: every variant
+    # against torch.sort.
+    up = torch.arange(n, dtype=torch.float32)
+    patterns = [up, up.flip(0), torch.cat([up[: n // 2], up[: n // 2].flip(0)]), up % 37]
+    patterns += [torch.zeros(n), (up % 2) * 5, torch.full((n,), float("nan"))]
+    for level in LEVELS:
+        with kernels.simd(level):
+            for x in patterns:
+                _check(x.repeat(2, 1))
+                if not x.isnan().any():
+                    _check(x.to(torch.int64).repeat(2, 1), descending=True)
+
+
 @pytest.mark.parametrize(
     "level",
     [
@@ -151,6 +170,8 @@ def test_narrower_variants_give_the_same_bits(level: str) -> None:
     long_row = _rows(1, 1 << 17, torch.float32, seed=7).view(-1)
     cases += [long_row, long_row.to(torch.int32)]
     cases += [torch.randn(4099, 16), torch.randn(65, 1024)]  # streamed out by one tile
+    # long rows of each item layout: 32-bit, 16-bit and 64-bit keys
+    cases += [_rows(2, n, dtype, seed=n) for n in (8192, 20_000) for dtype in LONG_ROW_DTYPES]
     with kernels.simd(LEVELS[-1]), kernels.tiles(1):
         widest = [kernels.sort(x, descending=True) for x in cases]
     with kernels.simd(level), kernels.tiles(1):
