@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import poptorch
+from poptorch_sim.executor.batchnorm import frozen_running_stats
 
 
 def _half_bn_float_stats() -> nn.BatchNorm2d:
@@ -89,3 +90,16 @@ def test_inference_keeps_running_statistics_but_updates_other_buffers() -> None:
         assert torch.equal(mean, torch.zeros(3)) and int(tracked) == 0
         assert float(seen) == calls
     assert model.bn.training and model.bn.track_running_stats
+
+
+def test_overlapping_calls_keep_the_statistics_frozen_until_the_last_one_ends() -> None:
+    # Calls of one model may overlap (overlapped IO, a served model): the first to end must not
+    # let the other's BatchNorm update its statistics.
+    model = _Counting()
+    first, second = frozen_running_stats(model), frozen_running_stats(model)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not model.bn.track_running_stats
+    second.__exit__(None, None, None)
+    assert model.bn.track_running_stats

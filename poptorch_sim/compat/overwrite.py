@@ -11,18 +11,18 @@ poptorch_sim enters them with ``substitutions()`` around compiling *and* around 
 model that runs as one program executes its Python ``forward`` at every call (PopTorch runs the
 graph it compiled, which already holds the replacements), so both see the same functions.
 ``substitutions()`` nests and may be entered from several threads: the managers replace on the
-first entry and restore on the last exit, once.
+first entry and restore on the last exit, once (``SharedPatch``, which the executor's other
+temporary swaps use too).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-__all__ = ["_OverwriteContextManager", "substitutions"]
+__all__ = ["SharedPatch", "_OverwriteContextManager", "substitutions"]
 
 
 class _OverwriteContextManager:
@@ -74,26 +74,61 @@ class _OverwriteContextManager:
             cls._subsitution_manager_types.append(manager_type)
 
 
-_lock = threading.Lock()
-_depth = 0
-_active: _OverwriteContextManager | None = None
+class SharedPatch:
+    """A process-wide change made on the first of nested or concurrent entries and undone on the
+    last exit, whichever thread makes them.
+
+    ``apply()`` makes the change and returns the function that undoes it. The executor enters
+    its patches around compiling and around each call, and calls of one model (overlapped IO,
+    a served model) or of several models may overlap, so an entry that finds the change made
+    only counts itself: no exit undoes it while another entry is still inside. An ``apply()``
+    that raises leaves nothing counted.
+
+    >>> state = {"on": False}
+    >>> def turn_on():
+    ...     state["on"] = True
+    ...     return lambda: state.update(on=False)
+    >>> patch = SharedPatch(turn_on)
+    >>> with patch:
+    ...     with patch:
+    ...         pass
+    ...     print(state["on"])
+    True
+    >>> state["on"]
+    False
+    """
+
+    def __init__(self, apply: Callable[[], Callable[[], None]]) -> None:
+        self._apply = apply
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._undo: Callable[[], None] | None = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._undo = self._apply()
+            self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0 and self._undo is not None:
+                undo, self._undo = self._undo, None
+                undo()
 
 
-@contextlib.contextmanager
-def substitutions() -> Iterator[None]:
+def _enter_managers() -> Callable[[], None]:
+    if not _OverwriteContextManager._subsitution_manager_types:
+        return lambda: None
+    manager = _OverwriteContextManager()
+    manager.__enter__()
+    return lambda: manager.__exit__(None, None, None)
+
+
+_SUBSTITUTIONS = SharedPatch(_enter_managers)
+
+
+def substitutions() -> SharedPatch:
     """The registered substitutions in force for the ``with`` body (see the module docstring)."""
-    global _depth, _active
-    with _lock:
-        if _depth == 0 and _OverwriteContextManager._subsitution_manager_types:
-            manager = _OverwriteContextManager()
-            manager.__enter__()
-            _active = manager
-        _depth += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0 and _active is not None:
-                manager, _active = _active, None
-                manager.__exit__(None, None, None)
+    return _SUBSTITUTIONS

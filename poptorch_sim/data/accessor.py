@@ -40,7 +40,7 @@ class AsynchronousDataAccessor:
     the worker: changes the parent makes to it after the accessor starts are not seen.
 
     Simulated: PopTorch returns views of its ring buffer, which later batches overwrite; here
-    each batch has shared-memory storage of its own and is never overwritten. The worker is
+    each batch is copied out of its slot into memory of its own and is never overwritten. The worker is
     always forked (``sharing_strategy`` is checked, not used), and ``miss_sleep_time_in_ms`` is
     accepted but has no effect (waits poll every 50 ms).
 

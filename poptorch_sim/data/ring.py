@@ -82,12 +82,31 @@ class _TensorPickler(pickle.Pickler):
         return None
 
 
-class SlotWriter:
+class _Slots:
+    """The slot files of one ring this process has mapped, each mapped once."""
+
+    def __init__(self, ring: str, create: bool) -> None:
+        self.ring = ring
+        self._create = create  # the writer creates and grows the files; the reader maps them
+        self._maps: dict[int, _Mapping] = {}
+
+    def _memory(self, slot: int, size: int) -> mmap.mmap:
+        """Slot ``slot``'s memory, at least ``size`` bytes of it mapped."""
+        if slot not in self._maps:
+            self._maps[slot] = _Mapping(_path(self.ring, slot), create=self._create)
+        return self._maps[slot].ensure(size, grow=self._create)
+
+    def close(self) -> None:
+        for mapping in self._maps.values():
+            mapping.close()
+        self._maps.clear()
+
+
+class SlotWriter(_Slots):
     """The worker's side: pickles an object into slot ``slot``'s memory plus a small pickle."""
 
     def __init__(self, ring: str) -> None:
-        self.ring = ring
-        self._maps: dict[int, _Mapping] = {}
+        super().__init__(ring, create=True)
 
     def dumps(self, obj: Any, slot: int | None) -> bytes:
         """``obj`` as a pickle; with a slot, its plain tensors' bytes go into the slot."""
@@ -100,9 +119,7 @@ class SlotWriter:
             layout.append((offset, t.dtype, tuple(t.shape)))
             offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
         if tensors:
-            if slot not in self._maps:
-                self._maps[slot] = _Mapping(_path(self.ring, slot), create=True)
-            memory = self._maps[slot].ensure(max(offset, _ALIGN), grow=True)
+            memory = self._memory(slot, max(offset, _ALIGN))
             for t, (start, _, _) in zip(tensors, layout):
                 n = t.numel() * t.element_size()
                 if n:
@@ -110,18 +127,12 @@ class SlotWriter:
                     dst.copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
         return pickle.dumps((out.getvalue(), layout), protocol=pickle.HIGHEST_PROTOCOL)
 
-    def close(self) -> None:
-        for mapping in self._maps.values():
-            mapping.close()
-        self._maps.clear()
 
-
-class SlotReader:
+class SlotReader(_Slots):
     """The parent's side: rebuilds what ``SlotWriter.dumps`` wrote, copying tensors out."""
 
     def __init__(self, ring: str) -> None:
-        self.ring = ring
-        self._maps: dict[int, _Mapping] = {}
+        super().__init__(ring, create=False)
 
     def loads(self, blob: bytes, slot: int | None) -> Any:
         if slot is None:
@@ -138,14 +149,7 @@ class SlotReader:
         out = torch.empty(shape, dtype=dtype)
         n = out.numel() * out.element_size()
         if n:
-            if slot not in self._maps:
-                self._maps[slot] = _Mapping(_path(self.ring, slot), create=False)
-            memory = self._maps[slot].ensure(offset + n, grow=False)
+            memory = self._memory(slot, offset + n)
             src = torch.frombuffer(memory, dtype=torch.uint8, count=n, offset=offset)
             out.reshape(-1).view(torch.uint8).copy_(src)
         return out
-
-    def close(self) -> None:
-        for mapping in self._maps.values():
-            mapping.close()
-        self._maps.clear()

@@ -86,9 +86,14 @@ class WorkerProcess:
         self._data_buffers = RingFlags(buffer_size)
         self._ring = new_ring_name()
         self._reader = SlotReader(self._ring)
-        self._loader_args = (open_epoch, close_epoch, buffer_size, load_indefinitely)
-        self._early_preload = early_preload
-        self._check_first = check_first
+        self._loader_args = (
+            open_epoch,
+            close_epoch,
+            buffer_size,
+            load_indefinitely,
+            early_preload,
+            check_first,
+        )
         ctx = torch.multiprocessing.get_context("fork")
         self._data, child_data = ctx.Pipe(duplex=False)
         child_commands, self._commands = ctx.Pipe(duplex=False)
@@ -188,7 +193,7 @@ class WorkerProcess:
         self._commands.close()
         data, commands = self._child_ends
         logger.debug("AsynchronousDataAccessor worker process: %d", os.getpid())
-        loader = _WorkerLoop(*self._loader_args, self._early_preload, self._check_first)
+        loader = _WorkerLoop(*self._loader_args)
         writer = SlotWriter(self._ring)
         loader.connect(data, commands, self._data_buffers.indices_mem, writer)
         try:

@@ -17,26 +17,42 @@ statistics and skip the updates, the same numbers as PopART's inference graph.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import threading
+import weakref
+from collections.abc import Callable, Iterator
 
 from torch import nn
 
+from ..compat.overwrite import SharedPatch
+
 __all__ = ["frozen_running_stats"]
+
+_lock = threading.Lock()
+_patches: weakref.WeakKeyDictionary[nn.Module, SharedPatch] = weakref.WeakKeyDictionary()
+
+
+def _freeze(bn: nn.modules.batchnorm._BatchNorm) -> Callable[[], None]:
+    if not (bn.training and bn.track_running_stats):
+        return lambda: None
+    bn.track_running_stats = False
+    return lambda: setattr(bn, "track_running_stats", True)
+
+
+def _patch(bn: nn.modules.batchnorm._BatchNorm) -> SharedPatch:
+    with _lock:
+        if bn not in _patches:
+            _patches[bn] = SharedPatch(lambda: _freeze(bn))
+        return _patches[bn]
 
 
 @contextlib.contextmanager
 def frozen_running_stats(model: nn.Module) -> Iterator[None]:
     """Turns off the running-statistics updates of ``model``'s training-mode BatchNorms while
-    entered, and restores each module's flag on exit."""
-    frozen = [
-        m
-        for m in model.modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats
-    ]
-    for m in frozen:
-        m.track_running_stats = False
-    try:
+    entered, and restores each module's flag on the last exit of calls that overlap (one
+    ``SharedPatch`` per module: concurrent calls of a model with overlapped IO, or two models
+    sharing a BatchNorm)."""
+    with contextlib.ExitStack() as stack:
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                stack.enter_context(_patch(m))
         yield
-    finally:
-        for m in frozen:
-            m.track_running_stats = True

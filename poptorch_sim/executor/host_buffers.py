@@ -62,13 +62,13 @@ class OutputBuffers:
 
     def empty(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """A contiguous CPU tensor of ``shape`` and ``dtype`` with unspecified values."""
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < self._min_bytes or self._keep < 1:
             return torch.empty(shape, dtype=dtype)
         with self._lock:  # the check and the claim together: a claimed buffer is not ours only
             kept = self._kept.setdefault(nbytes, deque())
             for storage in kept:
-                if _only_ours(storage) and storage.nbytes() == nbytes:
+                if _only_ours(storage):  # every kept storage here has nbytes
                     kept.remove(storage)
                     kept.append(storage)  # most recently used last
                     return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))

@@ -31,7 +31,7 @@ time); the stages of a pipelined or sharded program are not checked, and ``torch
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,6 +39,7 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..compat.overwrite import SharedPatch
 from ..errors import Error
 
 __all__ = ["PopTorchRefusals"]
@@ -83,28 +84,20 @@ class _HostConstructor:
         return repr(self.wrapped)
 
 
-_lock = threading.Lock()
-_depth = 0
+def _wrap_constructors() -> Callable[[], None]:
+    originals = {name: getattr(torch, name) for name in _TYPED_CONSTRUCTORS}
+    for name, real in originals.items():
+        setattr(torch, name, _HostConstructor(real))
+
+    def unwrap() -> None:
+        for name, real in originals.items():
+            if isinstance(getattr(torch, name), _HostConstructor):
+                setattr(torch, name, real)
+
+    return unwrap
 
 
-def _wrap_constructors() -> None:
-    global _depth
-    with _lock:
-        if _depth == 0:
-            for name in _TYPED_CONSTRUCTORS:
-                setattr(torch, name, _HostConstructor(getattr(torch, name)))
-        _depth += 1
-
-
-def _unwrap_constructors() -> None:
-    global _depth
-    with _lock:
-        _depth -= 1
-        if _depth == 0:
-            for name in _TYPED_CONSTRUCTORS:
-                wrapped = getattr(torch, name)
-                if isinstance(wrapped, _HostConstructor):
-                    setattr(torch, name, wrapped.wrapped)
+_HOST_CONSTRUCTORS = SharedPatch(_wrap_constructors)
 
 
 def _is_host(value: Any) -> bool:
@@ -168,18 +161,18 @@ class PopTorchRefusals(TorchFunctionMode):
     """Raise PopTorch's compile error for the calls listed in the module docstring."""
 
     def __enter__(self) -> PopTorchRefusals:
-        _wrap_constructors()
+        _HOST_CONSTRUCTORS.__enter__()
         try:
             return super().__enter__()  # type: ignore[no-any-return]
         except BaseException:
-            _unwrap_constructors()
+            _HOST_CONSTRUCTORS.__exit__()
             raise
 
     def __exit__(self, *exc: Any) -> None:
         try:
             super().__exit__(*exc)
         finally:
-            _unwrap_constructors()
+            _HOST_CONSTRUCTORS.__exit__()
 
     def __torch_function__(
         self,
