@@ -15,7 +15,7 @@ from test_runtime import RecordThreads
 from poptorch_sim.profiling.trace import TraceRecorder
 from poptorch_sim.program import StagedProgram, StageSpec
 from poptorch_sim.runtime import PipelineRuntime
-from poptorch_sim.runtime.cores import CoreBudget, CoreShare, apportion
+from poptorch_sim.runtime.cores import TRIAL_EVERY, CoreBudget, CoreShare, apportion
 
 CPU = {i: torch.device("cpu") for i in range(4)}
 
@@ -169,6 +169,24 @@ def test_measured_work_is_smoothed_and_orders_the_waiters() -> None:
     assert share.budget is not None and share.budget.priority is share.cost
 
 
+@pytest.mark.parametrize("lend_s, lending", [(0.20, True), (0.30, False)], ids=["lend", "split"])
+def test_trials_of_lending_against_the_equal_split_decide_the_runs_after(
+    lend_s: float, lending: bool
+) -> None:
+    share = CoreShare([0, 1], cores=2)
+    seen = []
+    for _ in range(TRIAL_EVERY + 3):
+        lends = share.lends()
+        seen.append(lends)
+        share.observe({0: 0.1, 1: 0.1}, {}, lend_s if lends else 0.25)
+    # warm-up lends; the trial: equal split then lending; its winner; the next trial
+    assert seen[:3] == [True, False, True]
+    assert seen[3:TRIAL_EVERY] == [lending] * (TRIAL_EVERY - 3)
+    assert seen[TRIAL_EVERY : TRIAL_EVERY + 3] == [lending, False, True]
+    assert share.lending is lending
+    assert share.describe().startswith("lent" if lending else "equal split of 2 cores (IPU 0: 1")
+
+
 def test_describe_names_the_mean_threads_and_the_work() -> None:
     share = CoreShare([0, 1], cores=2)
     assert share.describe() == "lent 2 cores"
@@ -227,7 +245,8 @@ def two_threads() -> Iterator[int]:
 def test_a_stage_computing_alone_borrows_every_core(
     monkeypatch: pytest.MonkeyPatch, two_threads: int
 ) -> None:
-    """One micro-batch: stage 1 waits for stage 0, so each computes alone, on both cores."""
+    """One micro-batch: stage 1 waits for stage 0, so each computes alone, on both cores (the
+    second run is the trial on the equal split, the third lends again)."""
     monkeypatch.delenv("POPTORCH_SIM_THREADS_PER_IPU", raising=False)
     program, probes = _two_stages()
     trace = TraceRecorder()
@@ -236,12 +255,18 @@ def test_a_stage_computing_alone_borrows_every_core(
         out = rt.run([{"x": torch.ones(2)}])
         assert _fresh_thread_count() == two_threads  # the default is restored
         rt.run([{"x": torch.ones(2)}])
+        assert rt.cores.mean_threads == {0: 1.0, 1: 1.0}
+        rt.run([{"x": torch.ones(2)}])
         assert rt.cores.mean_threads == {0: 2.0, 1: 2.0}
-    assert [p.seen for p in probes] == [[2, 2], [2, 2]]
+        assert _fresh_thread_count() == two_threads
+    assert [p.seen for p in probes] == [[2, 1, 2], [2, 1, 2]]
     assert torch.get_num_threads() == two_threads
     torch.testing.assert_close(out[0]["y"], torch.full((2,), 3.0))
     counts = [(ipu, value) for _, ipu, name, value in trace.counters if name == "threads"]
-    assert sorted(counts) == [(0, 1), (0, 2), (1, 1), (1, 2)]  # start-up, then the first loan
+    # start-up, the first loan, the trial's equal split, lent again
+    assert sorted(counts) == sorted(
+        [(0, 1), (0, 2), (0, 1), (0, 2), (1, 1), (1, 2), (1, 1), (1, 2)]
+    )
     chrome = [e for e in trace.to_chrome()["traceEvents"] if e["ph"] == "C"]
     assert {e["name"] for e in chrome} == {"IPU 0 threads", "IPU 1 threads"}
 
@@ -274,7 +299,7 @@ def test_pipelined_runs_report_each_workers_cpu_time(monkeypatch: pytest.MonkeyP
     observed: list[tuple[dict[int, float], dict[int, float]]] = []
     with PipelineRuntime(program, training=False, devices=CPU) as rt:
         monkeypatch.setattr(
-            rt.cores, "observe", lambda cost, used: observed.append((dict(cost), dict(used)))
+            rt.cores, "observe", lambda cost, used, _: observed.append((dict(cost), dict(used)))
         )
         for _ in range(2):
             rt.run([{"x": torch.ones(2)}] * 3)

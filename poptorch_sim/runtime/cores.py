@@ -28,6 +28,12 @@ it ran them with (thread-seconds: what the work costs whatever the split; waits 
 activations, gradients, cores or the GIL are not counted), smoothed over runs (each run counts
 half; the first run is not measured: one-off costs, first allocations, lazy imports).
 
+Lending wins on a quiet machine; on one loaded by other processes a two-thread op can wait at
+its barrier for a thread the scheduler has parked, and single-threaded workers may do better.
+So the runtime checks: the first run lends (not judged: one-off costs), the second runs on the
+equal split (``cores // IPUs`` each), the third lends, and the faster of the two per
+micro-batch decides the runs after, until the trial repeats ``TRIAL_EVERY`` runs later.
+
 Numbers: the same ops run on the same values in the same order, with the same schedule and the
 same actions; only the number of threads an op may use changes, which can change the last bits
 of a reduction exactly as ``torch.set_num_threads`` does in eager PyTorch. The execution trace
@@ -48,6 +54,7 @@ POLICIES = ("fixed", "serial", "lent")
 SMOOTHING = 0.5  # weight of the newest run in the smoothed cost
 WARMUP_RUNS = 1  # runs not measured
 PATIENCE_S = 1.0  # the longest a worker waits for a lent core before taking one anyway
+TRIAL_EVERY = 20  # runs from one trial of lending against the equal split to the next
 
 
 def apportion(costs: Mapping[int, float], cores: int) -> dict[int, int]:
@@ -167,6 +174,7 @@ class CoreShare:
         budget: the ``CoreBudget`` the workers borrow from (``lent`` only, else None).
         cost: IPU -> smoothed thread-seconds of compute per run (the budget's priorities).
         mean_threads: IPU -> threads per compute second in the last run.
+        lending: whether runs outside a trial lend cores (``lent`` only).
 
     >>> share = CoreShare([0, 1], cores=2)
     >>> share.policy, share.threads
@@ -194,12 +202,35 @@ class CoreShare:
             self.policy = "lent"
             self.threads = apportion(dict.fromkeys(ipus, 0.0), self.cores)
             self.budget = CoreBudget(self.cores, self.cost)
+        self.lending = self.budget is not None
         self._runs = 0
+        self._trial: dict[bool, float] = {}  # lending? -> seconds per micro-batch
 
-    def observe(self, cost_s: Mapping[int, float], mean_threads: Mapping[int, float]) -> None:
-        """Record one run: each IPU worker's thread-seconds of compute and its mean threads."""
+    def lends(self) -> bool:
+        """Whether the next run borrows cores from ``budget`` (else: ``threads``, fixed)."""
+        if self.budget is None:
+            return False
+        phase = self._runs % TRIAL_EVERY
+        if self._runs and phase in (1, 2):
+            return phase == 2  # a trial: the equal split, then lending
+        return self.lending
+
+    def observe(
+        self,
+        cost_s: Mapping[int, float],
+        mean_threads: Mapping[int, float],
+        seconds_per_mb: float | None = None,
+    ) -> None:
+        """Record one run: each IPU worker's thread-seconds of compute and its mean threads, and
+        the run's wall time per micro-batch (for the trials of lending)."""
+        lent = self.lends()
         self._runs += 1
         self.mean_threads = dict(mean_threads)
+        if self._runs % TRIAL_EVERY in (2, 3) and self._runs > 1 and seconds_per_mb is not None:
+            self._trial[lent] = seconds_per_mb
+            if len(self._trial) == 2:
+                self.lending = self._trial[True] <= self._trial[False]
+                self._trial.clear()
         if self._runs <= WARMUP_RUNS:
             return
         for ipu, spent in cost_s.items():
@@ -213,6 +244,9 @@ class CoreShare:
         if self.policy != "lent":
             split = ", ".join(f"IPU {ipu}: {n}" for ipu, n in sorted(self.threads.items()))
             return f"{self.policy} split of {self.cores} cores ({split})"
+        if not self.lending:
+            split = ", ".join(f"IPU {ipu}: {n}" for ipu, n in sorted(self.threads.items()))
+            return f"equal split of {self.cores} cores ({split}; lending measured slower)"
         used = ", ".join(f"IPU {i}: {n:.1f}" for i, n in sorted(self.mean_threads.items()))
         total = sum(self.cost.values())
         work = ", ".join(

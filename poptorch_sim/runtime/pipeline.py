@@ -207,10 +207,13 @@ class PipelineRuntime:
         self._run_id += 1
         job_abort = threading.Event()
         resplit, self._given = self._given != self.cores.threads, dict(self.cores.threads)
+        lend, start = self.cores.lends(), time.perf_counter()
         for ipu, worker in self._workers.items():
             actions = schedule.ipu_actions[ipu]
             threads = self.cores.threads[ipu]
-            job = Job(self._run_id, actions, loss_scale, step, job_abort, schedule.serial, threads)
+            job = Job(
+                self._run_id, actions, loss_scale, step, job_abort, schedule.serial, threads, lend
+            )
             worker.inbox.put(job)
         self._pending = set(self._workers)
         self._cost_s, self._mean_threads = {}, {}
@@ -225,7 +228,8 @@ class PipelineRuntime:
                 self._broken = "interrupted again while stopping a run"
                 raise
             raise
-        self._share_cores(resplit)
+        lent = self.cores.budget is not None  # a run may have left a worker's count as default
+        self._share_cores(resplit or lent, (time.perf_counter() - start) / len(micro_batches))
         return [self._assemble(m, results[m], micro_batches[m]) for m in range(len(results))]
 
     def close(self) -> None:
@@ -309,15 +313,16 @@ class PipelineRuntime:
                 pending.discard(payload.ipu)
         return results
 
-    def _share_cores(self, resplit: bool) -> None:
-        """After a run: record the workers' measured work (See [Note: cores follow the work]).
+    def _share_cores(self, resplit: bool, seconds_per_mb: float) -> None:
+        """After a run: record the workers' measured work and the run's time per micro-batch
+        (See [Note: cores follow the work]).
 
         A run whose workers took a new thread count (every run with lent cores) left that count
         as the process-wide default: restore it (See [Note: per-thread intra-op threads]).
         """
-        if resplit or self.cores.budget is not None:
+        if resplit:
             restore_default_threads(self._main_threads)
-        self.cores.observe(self._cost_s, self._mean_threads)
+        self.cores.observe(self._cost_s, self._mean_threads, seconds_per_mb)
 
     def _check_alive(self, pending: set[int], job_abort: threading.Event) -> None:
         """A worker thread that vanished mid-run would leave the caller waiting for ever."""

@@ -63,6 +63,7 @@ class Job:
     abort: threading.Event = field(default_factory=threading.Event)
     serial: bool = False  # the caller feeds micro-batch m+1 on the last stage's Output of m
     threads: int | None = None  # intra-op threads for this run (See [Note: cores follow the work])
+    lend: bool = False  # compute actions borrow their threads from the worker's budget
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ class IpuWorker:
         self.threads, self.reports, self.trace = threads, reports, trace
         self.budget = budget
         self._running = threads  # the intra-op threads this thread has now
+        self._lending = False  # this run's compute actions borrow from budget
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.peers: dict[int, queue.Queue[Any]] = {}  # stage -> inbox of its IPU
         self.last_stage = len(routes.inputs_from) - 1
@@ -239,7 +241,8 @@ class IpuWorker:
         """Take the run's intra-op thread count (See [Note: cores follow the work])."""
         if job.threads is not None:
             self.threads = job.threads
-        if self.budget is None:
+        self._lending = job.lend and self.budget is not None
+        if not self._lending:
             self._use_threads(self.threads)
 
     def _use_threads(self, count: int) -> None:
@@ -267,7 +270,7 @@ class IpuWorker:
         if action.kind not in _COMPUTE:
             self._spanned(action, job)
             return
-        budget = self.budget
+        budget = self.budget if self._lending else None
         if budget is not None:  # See [Note: cores follow the work]
             self._use_threads(budget.take(self.ipu))
         try:
