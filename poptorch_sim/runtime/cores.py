@@ -19,18 +19,21 @@ micro-batch) at a time:
                                                        free: wait until one is given back
 
 Under ``lent`` the program never computes on more threads than the caller's intra-op count
-(``cores``), and no core stays idle while a worker has work it could start: a stage computing
-alone runs on every core, two at once share them, and a fifth worker waits for a core instead
-of time-slicing one. When several workers wait, the one whose IPU did the most work first gets
+(``cores``), and a worker ready to compute never finds a core idle: a stage computing alone runs
+on every core, two at once share them, and a fifth worker waits for a core instead of
+time-slicing one (a count holds for a whole action: a worker that started on one core keeps one
+when the other is given back before it ends). When several workers wait, the one whose IPU did the most work first gets
 the core given back (the pipeline's bottleneck: e.g. the LM head's IPU). That work, ``cost``,
 is the CPU time each worker's thread spent in its compute actions during a run times the threads
 it ran them with (thread-seconds: what the work costs whatever the split; waits for
 activations, gradients, cores or the GIL are not counted), smoothed over runs (each run counts
 half; the first run is not measured: one-off costs, first allocations, lazy imports).
 
-Lending wins on a quiet machine; on one loaded by other processes a two-thread op can wait at
-its barrier for a thread the scheduler has parked, and single-threaded workers may do better.
-So the runtime checks: the first run lends (not judged: one-off costs), the second runs on the
+Lending assumes the cores are the program's. On a machine loaded by other processes a
+two-thread op waits at its barriers for whichever of its threads the scheduler has parked, and
+single-threaded workers can do better (measured on the shared 2-core build machine at load
+average 4.2-4.5: Llama inference pipelined 0.82 of eager with lending, 0.91 on the equal split;
+eager itself ran 3-4 times slower than on the quiet machine). So the runtime checks: the first run lends (not judged: one-off costs), the second runs on the
 equal split (``cores // IPUs`` each), the third lends, and the faster of the two per
 micro-batch decides the runs after, until the trial repeats ``TRIAL_EVERY`` runs later.
 
