@@ -33,9 +33,11 @@ Lending assumes the cores are the program's. On a machine loaded by other proces
 two-thread op waits at its barriers for whichever of its threads the scheduler has parked, and
 single-threaded workers can do better (measured on the shared 2-core build machine at load
 average 4.2-4.5: Llama inference pipelined 0.82 of eager with lending, 0.91 on the equal split;
-eager itself ran 3-4 times slower than on the quiet machine). So the runtime checks: the first run lends (not judged: one-off costs), the second runs on the
-equal split (``cores // IPUs`` each), the third lends, and the faster of the two per
-micro-batch decides the runs after, until the trial repeats ``TRIAL_EVERY`` runs later.
+at load 2.5 BERT training 1.26 lent, 0.79 on the split). So the runtime tries both: after the
+first run (lent, not judged: one-off costs), runs alternate between the equal split
+(``cores // IPUs`` each) and lending, ``TRIAL_RUNS`` of each, and the runs after lend unless
+the split's fastest run per micro-batch beat lending's fastest by ``TRIAL_MARGIN``; the trial
+repeats every ``TRIAL_EVERY`` runs.
 
 Numbers: the same ops run on the same values in the same order, with the same schedule and the
 same actions; only the number of threads an op may use changes, which can change the last bits
@@ -57,7 +59,9 @@ POLICIES = ("fixed", "serial", "lent")
 SMOOTHING = 0.5  # weight of the newest run in the smoothed cost
 WARMUP_RUNS = 1  # runs not measured
 PATIENCE_S = 1.0  # the longest a worker waits for a lent core before taking one anyway
-TRIAL_EVERY = 20  # runs from one trial of lending against the equal split to the next
+TRIAL_EVERY = 40  # runs from the start of one trial of lending against the split to the next
+TRIAL_RUNS = 2  # runs of each in a trial
+TRIAL_MARGIN = 0.9  # the split must take less than this fraction of lending's time to win
 
 
 def apportion(costs: Mapping[int, float], cores: int) -> dict[int, int]:
@@ -207,15 +211,15 @@ class CoreShare:
             self.budget = CoreBudget(self.cores, self.cost)
         self.lending = self.budget is not None
         self._runs = 0
-        self._trial: dict[bool, float] = {}  # lending? -> seconds per micro-batch
+        self._trial: dict[bool, float] = {}  # lending? -> its fastest run: seconds per mb
 
     def lends(self) -> bool:
         """Whether the next run borrows cores from ``budget`` (else: ``threads``, fixed)."""
         if self.budget is None:
             return False
         phase = self._runs % TRIAL_EVERY
-        if self._runs and phase in (1, 2):
-            return phase == 2  # a trial: the equal split, then lending
+        if self._runs and 1 <= phase <= 2 * TRIAL_RUNS:
+            return phase % 2 == 0  # a trial: the equal split and lending in turn
         return self.lending
 
     def observe(
@@ -226,13 +230,14 @@ class CoreShare:
     ) -> None:
         """Record one run: each IPU worker's thread-seconds of compute and its mean threads, and
         the run's wall time per micro-batch (for the trials of lending)."""
-        lent = self.lends()
+        lent, phase = self.lends(), self._runs % TRIAL_EVERY
         self._runs += 1
         self.mean_threads = dict(mean_threads)
-        if self._runs % TRIAL_EVERY in (2, 3) and self._runs > 1 and seconds_per_mb is not None:
-            self._trial[lent] = seconds_per_mb
-            if len(self._trial) == 2:
-                self.lending = self._trial[True] <= self._trial[False]
+        if self._runs > 1 and 1 <= phase <= 2 * TRIAL_RUNS and seconds_per_mb is not None:
+            self._trial[lent] = min(self._trial.get(lent, seconds_per_mb), seconds_per_mb)
+            if phase == 2 * TRIAL_RUNS and len(self._trial) == 2:
+                self.lending = self._trial[False] >= TRIAL_MARGIN * self._trial[True]
+            if phase == 2 * TRIAL_RUNS:
                 self._trial.clear()
         if self._runs <= WARMUP_RUNS:
             return
