@@ -212,6 +212,16 @@ def test_pinned_split_never_changes_and_lends_nothing() -> None:
     assert share.describe() == "fixed split of 2 cores (IPU 0: 3, IPU 1: 3)"
 
 
+def test_one_core_has_nothing_to_lend() -> None:
+    share = CoreShare([0, 1], cores=1)
+    assert (share.policy, share.threads, share.budget, share.lends()) == (
+        "fixed",
+        {0: 1, 1: 1},
+        None,
+        False,
+    )
+
+
 def test_sharded_workers_each_get_every_core() -> None:
     share = CoreShare([0, 1, 2, 3], cores=16, serial=True)
     assert (share.policy, share.threads, share.budget) == (

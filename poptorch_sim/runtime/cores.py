@@ -172,7 +172,7 @@ class CoreShare:
     Args:
         ipus: the program's IPUs.
         cores: the threads the program may use in all (the caller's intra-op thread count).
-        fixed: threads per IPU pinned by the caller (then nothing is lent).
+        fixed: threads per IPU pinned by the caller (then nothing is lent; nor with one core).
         serial: only one IPU computes at a time (sharded execution): each gets every core.
 
     Attributes:
@@ -199,9 +199,9 @@ class CoreShare:
         self.budget: CoreBudget | None = None
         self.cost: dict[int, float] = {}
         self.mean_threads: dict[int, float] = {}
-        if fixed is not None:
+        if fixed is not None or self.cores == 1:  # one core: nothing to lend
             self.policy = "fixed"
-            self.threads = dict.fromkeys(ipus, fixed)
+            self.threads = dict.fromkeys(ipus, fixed or 1)
         elif serial:
             self.policy = "serial"
             self.threads = dict.fromkeys(ipus, self.cores)

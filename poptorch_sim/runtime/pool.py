@@ -48,7 +48,8 @@ def make_workers(
     budget: CoreBudget | None = None,
 ) -> dict[int, IpuWorker]:
     """One (unstarted) worker per IPU of ``devices``, its stages' modules moved to its device;
-    with a ``budget``, their compute actions borrow their threads from it."""
+    with a ``budget``, the compute actions of workers on the CPU borrow their threads from it
+    (a GPU's work does not run on the cores)."""
     workers: dict[int, IpuWorker] = {}
     for ipu, device in devices.items():
         executors = {}
@@ -65,7 +66,14 @@ def make_workers(
                 recompute=bool(program.meta.get("recompute", False)),
             )
         workers[ipu] = IpuWorker(
-            ipu, executors, routes, device, threads[ipu], reports, trace, budget
+            ipu,
+            executors,
+            routes,
+            device,
+            threads[ipu],
+            reports,
+            trace,
+            budget if device.type == "cpu" else None,
         )
     for worker in workers.values():
         worker.peers = {s.index: workers[s.ipu].inbox for s in program.stages}
