@@ -21,8 +21,10 @@ micro-batch) at a time:
 Under ``lent`` the program never computes on more threads than the caller's intra-op count
 (``cores``), and a worker ready to compute never finds a core idle: a stage computing alone runs
 on every core, two at once share them, and a fifth worker waits for a core instead of
-time-slicing one (a count holds for a whole action: a worker that started on one core keeps one
-when the other is given back before it ends). When several workers wait, the one whose IPU did the most work first gets
+time-slicing one. A count holds for a whole action: a worker that started on one core keeps one
+when the other is given back before it ends, and two balanced stages can take turns on both
+cores (one starts alone, takes both, and the other waits for it) instead of computing side by
+side on one each; the trials below catch where that costs. When several workers wait, the one whose IPU did the most work first gets
 the core given back (the pipeline's bottleneck: e.g. the LM head's IPU). That work, ``cost``,
 is the CPU time each worker's thread spent in its compute actions during a run times the threads
 it ran them with (thread-seconds: what the work costs whatever the split; waits for
