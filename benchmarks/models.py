@@ -12,9 +12,9 @@ and a Llama-style ``LlamaForCausalLM``; each pipelined and sharded, training and
   under ``torch.no_grad()``.
 * eager runs with every core (``torch.set_num_threads(cores)``); poptorch_sim's IPU workers
   share the same cores (see [Note: cores follow the work] in ``runtime/cores.py``).
-* each row: warm-up calls (the first compiles; the pipelined split settles after three), then
-  ``--steps`` interleaved pairs (poptorch_sim, eager); medians. ``eager / sim`` above 1 means
-  the simulated IPUs were faster than plain PyTorch.
+* each row: warm-up calls (the first compiles; a pipeline tries lending cores against the equal
+  split in the second to fifth), then ``--steps`` interleaved pairs (poptorch_sim, eager);
+  medians. ``eager / sim`` above 1 means the simulated IPUs were faster than plain PyTorch.
 * the machine's thread ceiling: how much faster the same matmuls ran on all cores than on one
   (a quiet two-core machine gives about 2; a loaded one less), and per model the same ratio of
   its eager training step.
@@ -323,7 +323,7 @@ def row(
     call, sim = sim_call(case, model, batch, s, strategy, training)
     first = timed(call)
     for _ in range(warmup):
-        call()  # the pipelined split settles (see [Note: cores follow the work])
+        call()  # a pipeline decides whether to lend cores (see [Note: cores follow the work])
     torch.set_num_threads(cores)
     eager()
     sims, eagers = [], []
@@ -431,7 +431,7 @@ def main() -> None:
         case = CASES[name]
         for kind in args.kinds.split(","):
             for strategy in args.strategies.split(","):
-                row(case, s, strategy, kind == "train", steps, cores, 0 if args.quick else 2)
+                row(case, s, strategy, kind == "train", steps, cores, 0 if args.quick else 4)
     for name in [] if args.no_model_ceilings else names:
         if CASES[name].eager_as in names:
             continue  # the same eager model as that case's: its ceiling is printed once

@@ -1,10 +1,12 @@
-"""How the IPU workers share the cores (``runtime/cores.py``): the policy as pure logic with
-injected timings, then the runtime applying a split (threads seen by the stages, the trace's
+"""How the IPU workers share the cores (``runtime/cores.py``): the core budget and the measured
+work as pure logic, then the runtime lending cores (threads seen by the stages, the trace's
 counter tracks, the process-wide default left as it was)."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from test_runtime import RecordThreads
 from poptorch_sim.profiling.trace import TraceRecorder
 from poptorch_sim.program import StagedProgram, StageSpec
 from poptorch_sim.runtime import PipelineRuntime
-from poptorch_sim.runtime.cores import CoreShare, apportion
+from poptorch_sim.runtime.cores import TRIAL_EVERY, TRIAL_RUNS, CoreBudget, CoreShare, apportion
 
 CPU = {i: torch.device("cpu") for i in range(4)}
 
@@ -50,63 +52,183 @@ def test_apportion_gives_threads_by_share_of_cost(
     assert apportion(costs, cores) == want
 
 
+# -- CoreBudget: cores lent per compute action ---------------------------------------------------
+def test_a_worker_computing_alone_takes_every_core() -> None:
+    budget = CoreBudget(4)
+    assert budget.take(2) == 4
+    assert budget.held == {2: 4}
+    budget.give(2)
+    assert budget.held == {}
+
+
+def test_a_worker_waits_for_a_core_and_takes_what_is_given_back() -> None:
+    budget = CoreBudget(2, patience_s=30.0)
+    assert budget.take(0) == 2
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(budget.take(1)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and got == []  # no core free: it waits, it does not oversubscribe
+    budget.give(0)
+    waiter.join(10.0)
+    assert got == [2] and budget.held == {1: 2}
+
+
+def _queue_waiters(budget: CoreBudget, ipus: tuple[int, ...]) -> list[threading.Thread]:
+    """Start a ``take`` for each of ``ipus`` and return once all of them wait."""
+    waiters = [threading.Thread(target=budget.take, args=(ipu,)) for ipu in ipus]
+    for waiter in waiters:
+        waiter.start()
+    _until(lambda: len(budget._waiting) == len(ipus))
+    return waiters
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10.0
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_the_heaviest_waiter_is_served_first() -> None:
+    budget = CoreBudget(1, priority={0: 0.7, 1: 0.2, 2: 0.1}, patience_s=30.0)
+    budget.take(2)
+    waiters = _queue_waiters(budget, (1, 0))
+    budget.give(2)
+    _until(lambda: budget.held == {0: 1})  # IPU 0 did the most work: it goes first
+    assert budget._waiting == {1}
+    budget.give(0)
+    _until(lambda: budget.held == {1: 1})
+    for waiter in waiters:
+        waiter.join(10.0)
+
+
+def test_cores_given_back_are_shared_between_the_waiters() -> None:
+    budget = CoreBudget(2, patience_s=30.0)
+    budget.take(2)
+    waiters = _queue_waiters(budget, (0, 1))
+    budget.give(2)
+    for waiter in waiters:
+        waiter.join(10.0)
+    assert budget.held == {0: 1, 1: 1}  # not both cores to the first one served
+
+
+def test_a_wait_longer_than_the_patience_takes_one_core_anyway() -> None:
+    budget = CoreBudget(1, patience_s=0.05)
+    budget.take(0)
+    start = time.monotonic()
+    assert budget.take(1) == 1  # the holder may be blocked on this worker: do not stall
+    assert time.monotonic() - start >= 0.05
+    assert budget.held == {0: 1, 1: 1}
+
+
+def test_taking_twice_without_giving_back_is_an_error() -> None:
+    budget = CoreBudget(2)
+    budget.take(0)
+    with pytest.raises(RuntimeError, match="IPU 0 takes cores while it holds 2"):
+        budget.take(0)
+
+
+def test_concurrent_workers_never_compute_on_more_threads_than_cores() -> None:
+    budget = CoreBudget(3, patience_s=30.0)
+    peak: list[int] = []
+    lock = threading.Lock()
+
+    def work(ipu: int) -> None:
+        for _ in range(200):
+            budget.take(ipu)
+            with lock:
+                peak.append(sum(budget.held.values()))
+            budget.give(ipu)
+
+    threads = [threading.Thread(target=work, args=(ipu,)) for ipu in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60.0)
+    assert len(peak) == 1000 and max(peak) <= 3
+
+
 # -- CoreShare ------------------------------------------------------------------------------------
-HEAVY_FIRST = {0: 0.85, 1: 0.05, 2: 0.05, 3: 0.05}  # CPU seconds of one run per IPU
+HEAVY_FIRST = {0: 0.85, 1: 0.05, 2: 0.05, 3: 0.05}  # thread-seconds of one run per IPU
 
 
-def test_measured_split_starts_equal_and_moves_after_two_agreeing_runs() -> None:
+def test_pipelines_lend_cores_and_start_from_the_equal_split() -> None:
     share = CoreShare([0, 1, 2, 3], cores=2)
-    assert (share.policy, share.threads) == ("measured", {0: 1, 1: 1, 2: 1, 3: 1})
-    assert share.observe(HEAVY_FIRST) is False  # warm-up run: not measured
+    assert (share.policy, share.threads) == ("lent", {0: 1, 1: 1, 2: 1, 3: 1})
+    assert share.budget is not None and share.budget.cores == 2
+
+
+def test_measured_work_is_smoothed_and_orders_the_waiters() -> None:
+    share = CoreShare([0, 1, 2, 3], cores=2)
+    share.observe(HEAVY_FIRST, {})  # warm-up run: not measured
     assert share.cost == {}
-    assert share.observe(HEAVY_FIRST) is False  # proposes {0: 2, ...}
-    assert share.threads == {0: 1, 1: 1, 2: 1, 3: 1}
-    assert share.observe(HEAVY_FIRST) is True  # confirmed
-    assert share.threads == {0: 2, 1: 1, 2: 1, 3: 1}
+    share.observe(HEAVY_FIRST, {})
+    share.observe({0: 0.45, 1: 0.05, 2: 0.05, 3: 0.05}, {})  # each run counts half
+    assert share.cost[0] == pytest.approx(0.65)
+    assert share.budget is not None and share.budget.priority is share.cost
 
 
-def test_split_holds_when_the_heavy_stage_speeds_up_with_its_threads() -> None:
-    """Costs are thread-seconds: with 2 threads IPU 0 takes half the CPU time of its thread."""
-    share = CoreShare([0, 1, 2, 3], cores=2)
-    for _ in range(3):
-        share.observe(HEAVY_FIRST)
-    faster = {0: 0.425, 1: 0.05, 2: 0.05, 3: 0.05}
-    for _ in range(5):
-        assert share.observe(faster) is False
-    assert share.threads == {0: 2, 1: 1, 2: 1, 3: 1}
-    assert share.cost[0] == pytest.approx(0.85)
-
-
-def test_one_noisy_run_does_not_move_the_split() -> None:
+@pytest.mark.parametrize(
+    "lend_s, lending",
+    [(0.20, True), (0.26, True), (0.30, False)],
+    ids=["lending-faster", "split-faster-within-margin", "split-faster"],
+)
+def test_trials_of_lending_against_the_equal_split_decide_the_runs_after(
+    lend_s: float, lending: bool
+) -> None:
     share = CoreShare([0, 1], cores=2)
-    balanced, skewed = {0: 0.5, 1: 0.5}, {0: 0.95, 1: 0.05}
-    share.observe(balanced)
-    for runs in ([balanced, skewed, balanced, balanced], [skewed, balanced, skewed, balanced]):
-        assert [share.observe(r) for r in runs] == [False] * 4
-        assert share.threads == {0: 1, 1: 1}
+    seen = []
+    trial = 1 + 2 * TRIAL_RUNS
+    for run in range(TRIAL_EVERY + trial):
+        lends = share.lends()
+        seen.append(lends)
+        slow = 1.0 if run == 2 else 0.0  # one slow lent run in the trial: the fastest counts
+        share.observe({0: 0.1, 1: 0.1}, {}, lend_s + slow if lends else 0.25)
+    alternate = [False, True] * TRIAL_RUNS
+    assert seen[:trial] == [True, *alternate]  # warm-up, then the trial
+    assert seen[trial:TRIAL_EVERY] == [lending] * (TRIAL_EVERY - trial)
+    assert seen[TRIAL_EVERY : TRIAL_EVERY + trial] == [lending, *alternate]
+    assert share.lending is lending
+    assert share.describe().startswith("lent" if lending else "equal split of 2 cores (IPU 0: 1")
 
 
-def test_split_returns_to_equal_when_the_work_evens_out() -> None:
+def test_describe_names_the_mean_threads_and_the_work() -> None:
     share = CoreShare([0, 1], cores=2)
-    changes = [share.observe({0: 0.9, 1: 0.1}) for _ in range(3)]
-    assert changes == [False, False, True] and share.threads == {0: 2, 1: 1}
-    even = {0: 0.25, 1: 0.5}  # IPU 0 ran on 2 threads: 0.5 thread-seconds, as IPU 1
-    changes = [share.observe(even) for _ in range(6)]
-    assert share.threads == {0: 1, 1: 1}
-    assert changes.count(True) == 1
+    assert share.describe() == "lent 2 cores"
+    share.observe({0: 0.3, 1: 0.1}, {0: 1.5, 1: 1.0})
+    share.observe({0: 0.3, 1: 0.1}, {0: 1.5, 1: 1.0})
+    assert share.describe() == (
+        "lent 2 cores (mean threads IPU 0: 1.5, IPU 1: 1.0; work IPU 0: 75%, IPU 1: 25%)"
+    )
 
 
-def test_pinned_split_never_changes() -> None:
+def test_pinned_split_never_changes_and_lends_nothing() -> None:
     share = CoreShare([0, 1], cores=2, fixed=3)
-    assert (share.policy, share.threads) == ("fixed", {0: 3, 1: 3})
-    assert not any(share.observe({0: 1.0, 1: 0.0}) for _ in range(5))
+    assert (share.policy, share.threads, share.budget) == ("fixed", {0: 3, 1: 3}, None)
+    for _ in range(5):
+        share.observe({0: 1.0, 1: 0.0}, {0: 3.0, 1: 3.0})
     assert share.threads == {0: 3, 1: 3}
+    assert share.describe() == "fixed split of 2 cores (IPU 0: 3, IPU 1: 3)"
+
+
+def test_one_core_has_nothing_to_lend() -> None:
+    share = CoreShare([0, 1], cores=1)
+    assert (share.policy, share.threads, share.budget, share.lends()) == (
+        "fixed",
+        {0: 1, 1: 1},
+        None,
+        False,
+    )
 
 
 def test_sharded_workers_each_get_every_core() -> None:
     share = CoreShare([0, 1, 2, 3], cores=16, serial=True)
-    assert (share.policy, share.threads) == ("serial", dict.fromkeys(range(4), 16))
-    assert not any(share.observe(HEAVY_FIRST) for _ in range(5))
+    assert (share.policy, share.threads, share.budget) == (
+        "serial",
+        dict.fromkeys(range(4), 16),
+        None,
+    )
 
 
 # -- the runtime applies the split ----------------------------------------------------------------
@@ -127,24 +249,53 @@ def _fresh_thread_count() -> int:
     return seen[0]
 
 
-def test_workers_take_a_new_split_on_their_next_run(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def two_threads() -> Iterator[int]:
+    """The caller runs on 2 intra-op threads (the cores the workers are lent), then as before."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield 2
+    torch.set_num_threads(before)
+
+
+def test_a_stage_computing_alone_borrows_every_core(
+    monkeypatch: pytest.MonkeyPatch, two_threads: int
+) -> None:
+    """One micro-batch: stage 1 waits for stage 0, so each computes alone, on both cores (the
+    second run is the trial on the equal split, the third lends again)."""
     monkeypatch.delenv("POPTORCH_SIM_THREADS_PER_IPU", raising=False)
-    main_threads = torch.get_num_threads()
     program, probes = _two_stages()
     trace = TraceRecorder()
     with PipelineRuntime(program, training=False, devices=CPU, trace=trace) as rt:
-        equal = dict(rt.cores.threads)
+        assert rt.cores.policy == "lent" and rt.cores.threads == {0: 1, 1: 1}
+        out = rt.run([{"x": torch.ones(2)}])
+        assert _fresh_thread_count() == two_threads  # the default is restored
         rt.run([{"x": torch.ones(2)}])
-        rt.cores.threads = {0: 3, 1: 1}  # as if measured; the policy is tested above
-        out = rt.run([{"x": torch.ones(2)}] * 2)
-        assert _fresh_thread_count() == main_threads  # the default is restored
-    assert [p.seen for p in probes] == [[equal[0], 3, 3], [equal[1], 1, 1]]
-    assert torch.get_num_threads() == main_threads
-    torch.testing.assert_close(out[1]["y"], torch.full((2,), 3.0))
+        assert rt.cores.mean_threads == {0: 1.0, 1: 1.0}
+        rt.run([{"x": torch.ones(2)}])
+        assert rt.cores.mean_threads == {0: 2.0, 1: 2.0}
+        assert _fresh_thread_count() == two_threads
+    assert [p.seen for p in probes] == [[2, 1, 2], [2, 1, 2]]
+    assert torch.get_num_threads() == two_threads
+    torch.testing.assert_close(out[0]["y"], torch.full((2,), 3.0))
     counts = [(ipu, value) for _, ipu, name, value in trace.counters if name == "threads"]
-    assert sorted(counts) == sorted([(0, equal[0]), (1, equal[1]), (0, 3), (1, 1)])
+    # start-up, the first loan, the trial's equal split, lent again
+    assert sorted(counts) == sorted(
+        [(0, 1), (0, 2), (0, 1), (0, 2), (1, 1), (1, 2), (1, 1), (1, 2)]
+    )
     chrome = [e for e in trace.to_chrome()["traceEvents"] if e["ph"] == "C"]
     assert {e["name"] for e in chrome} == {"IPU 0 threads", "IPU 1 threads"}
+
+
+def test_a_pinned_count_is_kept_by_every_action(
+    monkeypatch: pytest.MonkeyPatch, two_threads: int
+) -> None:
+    monkeypatch.setenv("POPTORCH_SIM_THREADS_PER_IPU", "1")
+    program, probes = _two_stages()
+    with PipelineRuntime(program, training=False, devices=CPU) as rt:
+        assert (rt.cores.policy, rt.cores.budget) == ("fixed", None)
+        rt.run([{"x": torch.ones(2)}] * 3)
+    assert [p.seen for p in probes] == [[1, 1, 1], [1, 1, 1]]
 
 
 def test_sharded_stages_run_on_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,13 +309,16 @@ def test_sharded_stages_run_on_every_core(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_pipelined_runs_report_each_workers_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The measurement the policy reads: one CPU time per IPU after every run."""
+    """The measurement the policy reads: thread-seconds and mean threads per IPU, every run."""
     monkeypatch.delenv("POPTORCH_SIM_THREADS_PER_IPU", raising=False)
     program, _ = _two_stages()
-    observed: list[dict[int, float]] = []
+    observed: list[tuple[dict[int, float], dict[int, float]]] = []
     with PipelineRuntime(program, training=False, devices=CPU) as rt:
-        monkeypatch.setattr(rt.cores, "observe", lambda cpu: observed.append(dict(cpu)) or False)
+        monkeypatch.setattr(
+            rt.cores, "observe", lambda cost, used, _: observed.append((dict(cost), dict(used)))
+        )
         for _ in range(2):
             rt.run([{"x": torch.ones(2)}] * 3)
-    assert [sorted(o) for o in observed] == [[0, 1], [0, 1]]
-    assert all(seconds >= 0 for o in observed for seconds in o.values())
+    assert [(sorted(cost), sorted(used)) for cost, used in observed] == [([0, 1], [0, 1])] * 2
+    assert all(s >= 0 for cost, _ in observed for s in cost.values())
+    assert all(1 <= n <= rt.cores.cores for _, used in observed for n in used.values())

@@ -576,8 +576,12 @@ def overlapping(events, a: int, b: int) -> list[tuple[str, str]]:  # type: ignor
 
 
 def test_trace_shows_stages_running_concurrently(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # one thread each: lent cores may let one sleeping stage hold both while the other waits
     trace = TraceRecorder()
-    with PipelineRuntime(sleepy_program(), training=True, devices=CPU, trace=trace) as rt:
+    program = sleepy_program()
+    with PipelineRuntime(
+        program, training=True, devices=CPU, trace=trace, threads_per_ipu=1
+    ) as rt:
         rt.run(micro_batches(6))
     timeline = trace.timeline()
     assert overlapping(trace.events, 0, 1), f"IPU 0 and IPU 1 never overlapped:\n{timeline}"

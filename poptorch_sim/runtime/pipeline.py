@@ -53,8 +53,8 @@ class PipelineRuntime:
             forward-only schedule.
         devices: ``{ipu: device}``; default ``cuda:(ipu mod n)`` with CUDA, else CPU.
         threads_per_ipu: intra-op threads per worker, pinned (default
-            ``POPTORCH_SIM_THREADS_PER_IPU``; else the caller's count is shared between the
-            workers by their measured work, see [Note: cores follow the work]).
+            ``POPTORCH_SIM_THREADS_PER_IPU``; else the caller's cores are lent to the workers one
+            compute action at a time, see [Note: cores follow the work]).
         trace: records every action per IPU (see ``poptorch_sim.profiling.trace``).
 
     Raises:
@@ -99,7 +99,8 @@ class PipelineRuntime:
             serial=self.schedule_name == "sharded",
         )
         self._given = dict(self.cores.threads)  # the split the workers run with
-        self._cpu_s: dict[int, float] = {}  # per IPU, the current run's (see Finished.cpu_s)
+        self._cost_s: dict[int, float] = {}  # per IPU, the current run's (see Finished.cost_s)
+        self._mean_threads: dict[int, float] = {}  # per IPU, the current run's
         self._reports: queue.Queue[tuple[bool, Any]] = queue.Queue()
         self._workers = make_workers(
             program,
@@ -109,6 +110,7 @@ class PipelineRuntime:
             self._reports,
             trace,
             training=training,
+            budget=self.cores.budget,
         )
         self._by_stage = {spec.index: self._workers[spec.ipu] for spec in program.stages}
         workers = list(self._workers.values())
@@ -205,13 +207,16 @@ class PipelineRuntime:
         self._run_id += 1
         job_abort = threading.Event()
         resplit, self._given = self._given != self.cores.threads, dict(self.cores.threads)
+        lend, start = self.cores.lends(), time.perf_counter()
         for ipu, worker in self._workers.items():
             actions = schedule.ipu_actions[ipu]
             threads = self.cores.threads[ipu]
-            job = Job(self._run_id, actions, loss_scale, step, job_abort, schedule.serial, threads)
+            job = Job(
+                self._run_id, actions, loss_scale, step, job_abort, schedule.serial, threads, lend
+            )
             worker.inbox.put(job)
         self._pending = set(self._workers)
-        self._cpu_s = {}
+        self._cost_s, self._mean_threads = {}, {}
         try:
             results = self._drive(schedule, micro_batches, job_abort)
         except Error:
@@ -223,7 +228,8 @@ class PipelineRuntime:
                 self._broken = "interrupted again while stopping a run"
                 raise
             raise
-        self._share_cores(resplit)
+        lent = self.cores.budget is not None  # a run may have left a worker's count as default
+        self._share_cores(resplit or lent, (time.perf_counter() - start) / len(micro_batches))
         return [self._assemble(m, results[m], micro_batches[m]) for m in range(len(results))]
 
     def close(self) -> None:
@@ -302,21 +308,21 @@ class PipelineRuntime:
             elif isinstance(payload, Finished):
                 for output in payload.outputs:  # deferred by the worker (see worker._report)
                     results[output.mb].update(output.values)
-                self._cpu_s[payload.ipu] = payload.cpu_s
+                self._cost_s[payload.ipu] = payload.cost_s
+                self._mean_threads[payload.ipu] = payload.threads
                 pending.discard(payload.ipu)
         return results
 
-    def _share_cores(self, resplit: bool) -> None:
-        """After a run: the workers' measured work decides the next split.
+    def _share_cores(self, resplit: bool, seconds_per_mb: float) -> None:
+        """After a run: record the workers' measured work and the run's time per micro-batch
+        (See [Note: cores follow the work]).
 
-        See [Note: cores follow the work]. A run whose workers took a new thread count left
-        that count as the process-wide default: restore it (See [Note: per-thread intra-op
-        threads]).
+        A run whose workers took a new thread count (every run with lent cores) left that count
+        as the process-wide default: restore it (See [Note: per-thread intra-op threads]).
         """
         if resplit:
             restore_default_threads(self._main_threads)
-        if self.cores.observe(self._cpu_s):
-            logger.debug("poptorch_sim: intra-op threads now %s", self.cores.describe())
+        self.cores.observe(self._cost_s, self._mean_threads, seconds_per_mb)
 
     def _check_alive(self, pending: set[int], job_abort: threading.Event) -> None:
         """A worker thread that vanished mid-run would leave the caller waiting for ever."""

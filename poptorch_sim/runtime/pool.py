@@ -16,6 +16,7 @@ import torch
 from ..errors import Error
 from ..profiling.trace import TraceRecorder
 from ..program import StagedProgram
+from .cores import CoreBudget
 from .failure import StageFailure
 from .routes import HOST, Routes
 from .stage import StageExecutor
@@ -44,8 +45,11 @@ def make_workers(
     trace: TraceRecorder | None,
     *,
     training: bool,
+    budget: CoreBudget | None = None,
 ) -> dict[int, IpuWorker]:
-    """One (unstarted) worker per IPU of ``devices``, its stages' modules moved to its device."""
+    """One (unstarted) worker per IPU of ``devices``, its stages' modules moved to its device;
+    with a ``budget``, the compute actions of workers on the CPU borrow their threads from it
+    (a GPU's work does not run on the cores)."""
     workers: dict[int, IpuWorker] = {}
     for ipu, device in devices.items():
         executors = {}
@@ -61,7 +65,16 @@ def make_workers(
                 from_stages=from_stages,
                 recompute=bool(program.meta.get("recompute", False)),
             )
-        workers[ipu] = IpuWorker(ipu, executors, routes, device, threads[ipu], reports, trace)
+        workers[ipu] = IpuWorker(
+            ipu,
+            executors,
+            routes,
+            device,
+            threads[ipu],
+            reports,
+            trace,
+            budget if device.type == "cpu" else None,
+        )
     for worker in workers.values():
         worker.peers = {s.index: workers[s.ipu].inbox for s in program.stages}
     return workers

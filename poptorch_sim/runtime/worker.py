@@ -28,6 +28,7 @@ import torch
 
 from ..profiling.trace import TraceRecorder
 from .actions import Action, ActionKind
+from .cores import CoreBudget
 from .failure import StageFailure, graph_node_of
 from .intra_op import set_worker_threads
 from .routes import HOST, Routes
@@ -62,6 +63,7 @@ class Job:
     abort: threading.Event = field(default_factory=threading.Event)
     serial: bool = False  # the caller feeds micro-batch m+1 on the last stage's Output of m
     threads: int | None = None  # intra-op threads for this run (See [Note: cores follow the work])
+    lend: bool = False  # compute actions borrow their threads from the worker's budget
 
 
 @dataclass(frozen=True)
@@ -99,13 +101,15 @@ class Output:
 @dataclass(frozen=True)
 class Finished:
     """A worker's end of a run; ``outputs`` holds the ``Output`` it deferred (see ``_report``),
-    ``cpu_s`` the CPU seconds its thread spent in forward, backward and step actions."""
+    ``cost_s`` the CPU seconds its thread spent in forward, backward and step actions times the
+    intra-op threads it ran each with, ``threads`` its mean threads over their wall time."""
 
     run_id: int
     ipu: int
     aborted: bool
     outputs: tuple[Output, ...] = ()
-    cpu_s: float = 0.0
+    cost_s: float = 0.0
+    threads: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -147,9 +151,10 @@ class IpuWorker:
         stages: the executors of the stages placed on this IPU, by stage index.
         routes: the program's routes.
         device: where this IPU's parameters and activations live.
-        threads: intra-op threads for this worker.
+        threads: intra-op threads for this worker (outside compute actions, when lent).
         reports: the queue shared by all workers and read by the caller.
         trace: where actions are timestamped, if anywhere.
+        budget: where each compute action borrows its threads from (None: ``threads``).
     """
 
     def __init__(
@@ -161,16 +166,21 @@ class IpuWorker:
         threads: int,
         reports: queue.Queue[tuple[bool, Any]],
         trace: TraceRecorder | None,
+        budget: CoreBudget | None = None,
     ) -> None:
         self.ipu, self.stages, self.routes, self.device = ipu, stages, routes, device
         self.threads, self.reports, self.trace = threads, reports, trace
+        self.budget = budget
+        self._running = threads  # the intra-op threads this thread has now
+        self._lending = False  # this run's compute actions borrow from budget
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.peers: dict[int, queue.Queue[Any]] = {}  # stage -> inbox of its IPU
         self.last_stage = len(routes.inputs_from) - 1
         self._stash: dict[tuple[str, int, int], dict[int, Values]] = {}
         self._held: dict[tuple[ActionKind, int, int], Values] = {}
         self._outputs: list[Output] = []  # deferred to the Finished report (see _report)
-        self._cpu_ns = 0  # this run's compute actions; See [Note: cores follow the work]
+        # this run's compute actions: thread-ns of CPU, ns and thread-ns of wall time
+        self._cost_ns = self._wall_ns = self._thread_wall_ns = 0
         self.thread = threading.Thread(
             target=self._main, name=f"poptorch_sim IPU {ipu}", daemon=True
         )
@@ -193,13 +203,16 @@ class IpuWorker:
 
     def _start_up(self) -> None:
         set_worker_threads(self.threads)
+        self._running = self.threads
+        if self.trace is not None:
+            self.trace.count(self.ipu, "threads", self.threads)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
 
     def _run(self, job: Job) -> bool:
         """Run one job; returns False when the thread must leave (STOP arrived)."""
         leave, action = False, None
-        self._cpu_ns = 0
+        self._cost_ns = self._wall_ns = self._thread_wall_ns = 0
         try:
             self._set_threads(job)
             for action in job.actions:
@@ -207,8 +220,10 @@ class IpuWorker:
                     raise _Aborted()
                 self._traced(action, job)
             outputs = tuple(self._outputs)
-            cpu_s = self._cpu_ns / 1e9
-            self.reports.put((True, Finished(job.run_id, self.ipu, False, outputs, cpu_s)))
+            cost_s = self._cost_ns / 1e9
+            threads = self._thread_wall_ns / self._wall_ns if self._wall_ns else 0.0
+            finished = Finished(job.run_id, self.ipu, False, outputs, cost_s, threads)
+            self.reports.put((True, finished))
         except _Aborted as stop:
             leave = stop.leave
             self.reports.put((True, Finished(job.run_id, self.ipu, aborted=True)))
@@ -224,11 +239,20 @@ class IpuWorker:
 
     def _set_threads(self, job: Job) -> None:
         """Take the run's intra-op thread count (See [Note: cores follow the work])."""
-        if job.threads is not None and job.threads != self.threads:
-            set_worker_threads(job.threads)
+        if job.threads is not None:
             self.threads = job.threads
+        self._lending = job.lend and self.budget is not None
+        if not self._lending:
+            self._use_threads(self.threads)
+
+    def _use_threads(self, count: int) -> None:
+        """Run on ``count`` intra-op threads from now on; the trace's counter shows each change."""
+        if count == self._running:
+            return
+        set_worker_threads(count)
+        self._running = count
         if self.trace is not None:
-            self.trace.count(self.ipu, "threads", self.threads)
+            self.trace.count(self.ipu, "threads", count)
 
     def _describe(self, action: Action | None, exc: BaseException) -> StageFailure:
         stage = action.stage if action is not None else min(self.stages)
@@ -243,8 +267,24 @@ class IpuWorker:
         return StageFailure(stage, self.ipu, action.mb if action else None, phase, exc, node)
 
     def _traced(self, action: Action, job: Job) -> None:
-        compute = action.kind in _COMPUTE
-        start = time.thread_time_ns() if compute else 0
+        if action.kind not in _COMPUTE:
+            self._spanned(action, job)
+            return
+        budget = self.budget if self._lending else None
+        if budget is not None:  # See [Note: cores follow the work]
+            self._use_threads(budget.take(self.ipu))
+        try:
+            wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
+            self._spanned(action, job)
+            cpu, wall = time.thread_time_ns() - cpu, time.perf_counter_ns() - wall
+        finally:
+            if budget is not None:
+                budget.give(self.ipu)
+        self._cost_ns += cpu * self._running
+        self._wall_ns += wall
+        self._thread_wall_ns += wall * self._running
+
+    def _spanned(self, action: Action, job: Job) -> None:
         if self.trace is None:
             self._do(action, job)
         else:
@@ -253,8 +293,6 @@ class IpuWorker:
                 self.ipu, repr(action), category, stage=action.stage, mb=action.mb
             ):
                 self._do(action, job)
-        if compute:
-            self._cpu_ns += time.thread_time_ns() - start
 
     # -- actions ----------------------------------------------------------------------------------
 
