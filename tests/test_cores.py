@@ -4,6 +4,7 @@ counter tracks, the process-wide default left as it was)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ from test_runtime import RecordThreads
 
 from poptorch_sim.profiling.trace import TraceRecorder
 from poptorch_sim.program import StagedProgram, StageSpec
-from poptorch_sim.runtime import PipelineRuntime
+from poptorch_sim.runtime import PipelineRuntime, intra_op
 from poptorch_sim.runtime.cores import TRIAL_EVERY, TRIAL_RUNS, CoreBudget, CoreShare, apportion
 
 CPU = {i: torch.device("cpu") for i in range(4)}
@@ -322,3 +323,65 @@ def test_pipelined_runs_report_each_workers_cpu_time(monkeypatch: pytest.MonkeyP
     assert [(sorted(cost), sorted(used)) for cost, used in observed] == [([0, 1], [0, 1])] * 2
     assert all(s >= 0 for cost, _ in observed for s in cost.values())
     assert all(1 <= n <= rt.cores.cores for _, used in observed for n in used.values())
+
+
+# -- idle workers free their OpenMP teams ------------------------------------------------------
+class _Parallel(torch.nn.Module):
+    """Ops large enough to run as 2-thread parallel regions."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.relu(x @ x.T)[:, : x.shape[1]].contiguous(),)
+
+
+def _os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(
+    not os.path.isdir("/proc/self/task") or intra_op._PAUSE is None,
+    reason="needs /proc and an OpenMP runtime with omp_pause_resource_all",
+)
+@pytest.mark.parametrize("sharded", [False, True], ids=["pipelined", "sharded"])
+def test_workers_free_their_intra_op_teams_when_a_run_ends(sharded: bool) -> None:
+    """See [Note: idle teams slow every team]: a run leaves no pooled OpenMP thread behind."""
+    x = torch.randn(512, 1024)
+
+    def compute_on_two_threads() -> None:
+        intra_op.set_worker_threads(2)
+        _Parallel()(x)
+
+    warm_up = threading.Thread(target=compute_on_two_threads)  # threads a process starts once
+    warm_up.start()
+    warm_up.join()
+    # the control: a thread computing on 2 threads keeps pooled threads until it frees its team
+    computed, leave = threading.Event(), threading.Event()
+
+    def hold_a_team() -> None:
+        compute_on_two_threads()
+        computed.set()
+        leave.wait()
+        intra_op.release_team()
+        computed.clear()
+
+    before = _os_threads()
+    holder = threading.Thread(target=hold_a_team)
+    holder.start()
+    computed.wait()
+    with_team = _os_threads()
+    leave.set()
+    _until(lambda: not computed.is_set())
+    _until(lambda: _os_threads() <= before + 1)  # pooled threads exit soon after the release
+    holder.join()
+    assert with_team > before + 1  # the holder and its pooled threads
+
+    stages = [
+        StageSpec(0, 0, _Parallel(), ("x",), ("h",)),
+        StageSpec(1, 1, _Parallel(), ("h",), ("y",)),
+    ]
+    program = StagedProgram(stages, ("x",), ("y",), sharded=sharded)
+    with PipelineRuntime(program, training=False, devices=CPU, threads_per_ipu=2) as rt:
+        idle = _os_threads()
+        out = rt.run([{"x": x}] * 2)
+        _until(lambda: _os_threads() <= idle)
+    h = _Parallel()(x)[0]
+    torch.testing.assert_close(out[1]["y"], _Parallel()(h)[0])

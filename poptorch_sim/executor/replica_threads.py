@@ -51,6 +51,7 @@ from ..ipu_context import running_on_ipu
 from ..ops.control import training_graph
 from ..runtime.intra_op import (
     pinned_threads_per_ipu,
+    release_team,
     restore_default_threads,
     set_worker_threads,
 )
@@ -137,6 +138,8 @@ class _Replica:
             except BaseException as exc:  # reported, never raised across threads
                 self._put((False, (position, exc)), job)
             finally:
+                if self.threads > 1:  # going idle: See [Note: idle teams slow every team]
+                    release_team()
                 job.done.set()
 
     def _compute(self, job: _Job) -> Iterator[Result]:

@@ -52,7 +52,7 @@ from ..errors import Error
 from ..profiling.trace import TraceRecorder
 from ..profiling.utilisation import write_report
 from .cuda_copies import Copies
-from .intra_op import restore_default_threads, set_worker_threads
+from .intra_op import release_team, restore_default_threads, set_worker_threads
 from .threads import JOIN_TIMEOUT_S, POLL_S, attempt, join_all, polled_put, start_thread
 
 __all__ = ["IoTiles", "TILES_PER_IPU", "thread_split"]
@@ -268,7 +268,12 @@ class _Pipeline:
         finally:
             ready.release()
         while not self.stop.is_set():
-            item = phase.inbox.get()  # idle threads block here; close() sends STOP
+            try:
+                item = phase.inbox.get_nowait()
+            except queue.Empty:  # going idle: See [Note: idle teams slow every team]
+                if phase.threads > 1:
+                    release_team()
+                item = phase.inbox.get()  # idle threads block here; close() sends STOP
             if item is STOP:
                 return
             for name, work in phase.work:

@@ -30,7 +30,7 @@ from ..profiling.trace import TraceRecorder
 from .actions import Action, ActionKind
 from .cores import CoreBudget
 from .failure import StageFailure, graph_node_of
-from .intra_op import set_worker_threads
+from .intra_op import release_team, set_worker_threads
 from .routes import HOST, Routes
 from .stage import StageExecutor
 from .threads import POLL_S, attempt
@@ -173,6 +173,7 @@ class IpuWorker:
         self.budget = budget
         self._running = threads  # the intra-op threads this thread has now
         self._lending = False  # this run's compute actions borrow from budget
+        self._widest = threads  # the most intra-op threads this run has used
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.peers: dict[int, queue.Queue[Any]] = {}  # stage -> inbox of its IPU
         self.last_stage = len(routes.inputs_from) - 1
@@ -213,6 +214,7 @@ class IpuWorker:
         """Run one job; returns False when the thread must leave (STOP arrived)."""
         leave, action = False, None
         self._cost_ns = self._wall_ns = self._thread_wall_ns = 0
+        self._widest = self._running
         try:
             self._set_threads(job)
             for action in job.actions:
@@ -222,19 +224,24 @@ class IpuWorker:
             outputs = tuple(self._outputs)
             cost_s = self._cost_ns / 1e9
             threads = self._thread_wall_ns / self._wall_ns if self._wall_ns else 0.0
-            finished = Finished(job.run_id, self.ipu, False, outputs, cost_s, threads)
-            self.reports.put((True, finished))
+            report: tuple[bool, Any] = (
+                True,
+                Finished(job.run_id, self.ipu, False, outputs, cost_s, threads),
+            )
         except _Aborted as stop:
             leave = stop.leave
-            self.reports.put((True, Finished(job.run_id, self.ipu, aborted=True)))
+            report = (True, Finished(job.run_id, self.ipu, aborted=True))
         except BaseException as exc:  # reported, never raised across threads
-            self.reports.put((False, Failed(job.run_id, self._describe(action, exc))))
+            report = (False, Failed(job.run_id, self._describe(action, exc)))
         finally:
             self._stash.clear()
             self._held.clear()
             self._outputs.clear()
             for executor in self.stages.values():
                 executor.discard()
+            if self._widest > 1:  # going idle: See [Note: idle teams slow every team]
+                release_team()
+        self.reports.put(report)  # last: the caller may return as soon as it reads this
         return not leave
 
     def _set_threads(self, job: Job) -> None:
@@ -251,6 +258,7 @@ class IpuWorker:
             return
         set_worker_threads(count)
         self._running = count
+        self._widest = max(self._widest, count)
         if self.trace is not None:
             self.trace.count(self.ipu, "threads", count)
 
