@@ -43,6 +43,11 @@ took 8.5-9.1 ms before, and 10.6-11.2 ms while four idle threads each held a 2-t
 frees its team when it goes idle (``release_team``: OpenMP 5's ``omp_pause_resource_all``,
 which frees the calling thread's pool), not after each op: a freed team costs a thread start
 at its next parallel op, measured 80 us (quiet) to 3 ms (loaded) on the same machine.
+
+On a machine loaded by other processes the short spin is the better one: a spinning barrier
+waits out whole time slices of a descheduled team thread (the same loop took 320 ms spinning
+and 18 ms sleeping there, ``benchmarks/idle_teams.py``). Freeing the teams gives the caller
+what plain PyTorch gives on that machine, whichever way that goes.
 """
 
 from __future__ import annotations
