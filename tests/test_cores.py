@@ -337,7 +337,7 @@ def _os_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _settled_os_threads() -> int:
+def settled_os_threads() -> int:
     """The thread count once no thread has started or ended for 0.1 s (exiting threads of
     earlier work leave /proc a little after they are joined or released)."""
     seen, stable = _os_threads(), 0
@@ -374,7 +374,7 @@ def test_workers_free_their_intra_op_teams_when_a_run_ends(sharded: bool) -> Non
     holder = threading.Thread(target=hold_a_team)
     holder.start()
     computed.wait()
-    with_team = _settled_os_threads()
+    with_team = settled_os_threads()
     released.set()
     _until(lambda: _os_threads() < with_team)  # the holder is still there: its team has gone
     leave.set()
@@ -386,7 +386,7 @@ def test_workers_free_their_intra_op_teams_when_a_run_ends(sharded: bool) -> Non
     ]
     program = StagedProgram(stages, ("x",), ("y",), sharded=sharded)
     with PipelineRuntime(program, training=False, devices=CPU, threads_per_ipu=2) as rt:
-        idle = _settled_os_threads()
+        idle = settled_os_threads()
         out = rt.run([{"x": x}] * 2)
         _until(lambda: _os_threads() <= idle)
     h = _Parallel()(x)[0]
@@ -406,7 +406,7 @@ def test_replica_threads_free_their_intra_op_teams_after_a_call(
         monkeypatch.setenv("POPTORCH_SIM_THREADS_PER_IPU", threads)
         replicated = poptorch.inferenceModel(_Parallel(), poptorch.Options().replicationFactor(2))
         outs.append(replicated(x)[0])  # compiles, starts a thread per replica and runs
-        counts.append(_settled_os_threads())
+        counts.append(settled_os_threads())
         replicated.destroy()
     assert counts[1] == counts[0]
     want = torch.cat([_Parallel()(half)[0] for half in x.split(512)])

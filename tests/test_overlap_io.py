@@ -9,6 +9,7 @@ import weakref
 
 import pytest
 import torch
+from test_cores import needs_teams, settled_os_threads
 from torch import nn
 
 import poptorch_sim as poptorch
@@ -335,3 +336,33 @@ def test_utilisation_bins_spans():
     assert times == [0.5, 1.5]
     assert busy == {"IPU 0 compute": [0.0, 1.0], "IPU 0 load": [1.0, 0.5]}
     assert busy_fraction(events) == {"IPU 0 compute": 0.5, "IPU 0 load": 0.75}
+
+
+class _Wide(nn.Module):
+    """Ops large enough to run as 2-thread parallel regions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(1024, 1024)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = poptorch.set_overlap_for_input(x, MODE)
+        return poptorch.set_overlap_for_output(torch.relu(self.lin(x)), MODE)
+
+
+@needs_teams
+def test_io_tile_threads_free_their_intra_op_teams_when_idle(monkeypatch):
+    """See [Note: idle teams slow every team]: an IPU on 2 intra-op threads leaves as many
+    threads behind after a call as one on 1."""
+    x = torch.randn(4 * 256, 1024)
+    counts = []
+    for threads in ("1", "2"):
+        monkeypatch.setenv("POPTORCH_SIM_THREADS_PER_IPU", threads)
+        model = _Wide()
+        overlapped = poptorch.inferenceModel(model, _options(di=4, tiles=32))
+        out = overlapped(x)
+        counts.append(settled_os_threads())
+        overlapped.destroy()
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(x))
+    assert counts[1] == counts[0]
