@@ -122,6 +122,21 @@ def test_wide_keys_that_differ_below_their_top_32_bits(
     _check(small.to(dtype), descending=descending)  # a span below 2^32 around zero: exact
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64], ids=str)
+@pytest.mark.parametrize("level", LEVELS)
+def test_streamed_wide_keys_match_stable_torch_sort(dtype: torch.dtype, level: str) -> None:
+    # One tile writes >= 2^16 items: rows of 16 and of 1024 go out with streaming stores, and
+    # their runs of equal windows (keys that differ below their top 32 bits) are found W pairs
+    # at a time.
+    g = torch.Generator().manual_seed(21)
+    with kernels.simd(level), kernels.tiles(1):
+        for rows, n in ((4099, 16), (65, 1024)):
+            x = _wide_rows(dtype, seed=n)[:1].expand(rows, 3000)[:, :n].clone()
+            x = x[:, torch.randperm(n, generator=g)]
+            _check(x)
+            _check(x, descending=True)
+
+
 def test_all_equal_and_already_sorted_rows() -> None:
     _check(torch.zeros(9, 33))
     _check(torch.full((4, 64), float("nan")))
