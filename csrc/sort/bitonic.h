@@ -135,7 +135,8 @@ POPSIM_BITONIC_VARIANT(_avx512, POPSIM_AVX512, native, 8, 16)
 POPSIM_BITONIC_VARIANT(_avx2, POPSIM_AVX2, native, 4, 8)
 POPSIM_BITONIC_VARIANT(_base, , native, 2, 0)
 // The 8-lane network compiled for AVX2 (see [Note: split 8-lane vectors]), so that the AVX-512
-// variant's logic runs in the tests on CPUs without AVX-512 (sort_rows_8_lanes in sort.cpp).
+// variant's logic runs in the tests on CPUs without AVX-512 (sort_rows_8_lanes in sort.cpp);
+// all but the 32-bit items of 16-bit keys (16 lanes), which only run where AVX-512 does.
 POPSIM_BITONIC_VARIANT(_8_lanes_avx2, POPSIM_AVX2, split, 8, 0)
 #undef POPSIM_BITONIC_VARIANT
 
