@@ -33,7 +33,9 @@
 // chosen by measurement (benchmarks/RESULTS.md, "Short rows"). Float32, int32, float16, bfloat16
 // and int16 rows make their items and write their values 2W at a time; int8 and uint8 one at a
 // time through their codec; int64 and float64 rows through a 32-bit window of their keys (see
-// [Note: wide keys] in bitonic/row_loops.inc).
+// [Note: wide keys] in bitonic/row_loops.inc). With AVX2 and AVX-512, rows of 16-bit keys longer
+// than kRun are sorted as 32-bit items instead, twice the lanes per vector (see [Note: 16-bit
+// keys] in bitonic/narrow_rows.inc).
 #pragma once
 
 // The standard headers of the network's code (the .inc files below, included into namespaces).
@@ -61,6 +63,8 @@ constexpr int64_t kBitonicBaseMax = 64;
 // vectors, row loops), compiled once per vector kind: see [Note: split 8-lane vectors].
 namespace native {
 constexpr bool kSplit = false;
+constexpr bool kNarrow = false;
+using Item = int64_t;
 #include "sort/bitonic/vector_ops.inc"
 #include "sort/bitonic/steps.inc"
 #include "sort/bitonic/item_vectors.inc"
@@ -69,6 +73,8 @@ constexpr bool kSplit = false;
 
 namespace split {
 constexpr bool kSplit = true;
+constexpr bool kNarrow = false;
+using Item = int64_t;
 // The vector types of the network's code: SplitVector where they are 64 bytes.
 template <typename Vector, typename E>
 using Split = std::conditional_t<sizeof(Vector) == 64, SplitVector<E>, Vector>;
@@ -86,12 +92,35 @@ using U32 = Split<bitonic::U32<W>, uint32_t>;
 #include "sort/bitonic/row_loops.inc"
 }  // namespace split
 
+// The network on 32-bit items, for rows of 16-bit keys (see [Note: 16-bit keys] in
+// bitonic/narrow_rows.inc): a vector of W lanes holds W items (W = 16 with AVX-512, 8 with AVX2).
+namespace narrow {
+constexpr bool kSplit = false;
+constexpr bool kNarrow = true;
+using Item = int32_t;
+template <int W>
+using V = bitonic::V32<W>;
+template <int W>
+using UV = bitonic::U32<W>;
+#include "sort/bitonic/vector_ops.inc"
+#include "sort/bitonic/steps.inc"
+#include "sort/bitonic/narrow_rows.inc"
+}  // namespace narrow
+
 // The functions above compiled for each SIMD level (see [Note: SIMD variants] in common/simd.h).
-#define POPSIM_BITONIC_VARIANT(SUFFIX, ATTRIBUTE, NETWORK, LANES)                             \
+// NARROW_LANES: the lanes of the network on 32-bit items that sorts rows of 16-bit keys longer
+// than kRun (0: none, those rows go through the network on 64-bit items).
+#define POPSIM_BITONIC_VARIANT(SUFFIX, ATTRIBUTE, NETWORK, LANES, NARROW_LANES)               \
   template <typename Codec, typename scalar_t>                                                \
   ATTRIBUTE void sort_rows##SUFFIX(                                                           \
       const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,           \
       scalar_t* values, int64_t* indices, int64_t* buf) {                                     \
+    if constexpr (NARROW_LANES > 0 && narrow::kNarrowKeys<scalar_t>) {                        \
+      if (n > kRun) {                                                                         \
+        return narrow::sort_narrow_rows<scalar_t, NARROW_LANES>(in, row_lo, row_hi, n, flip,  \
+                                                                values, indices, buf);        \
+      }                                                                                       \
+    }                                                                                         \
     NETWORK::sort_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values, indices,  \
                                                buf);                                          \
   }                                                                                           \
@@ -102,12 +131,13 @@ using U32 = Split<bitonic::U32<W>, uint32_t>;
     NETWORK::sort_wide_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values,      \
                                                     indices, buf);                            \
   }
-POPSIM_BITONIC_VARIANT(_avx512, POPSIM_AVX512, native, 8)
-POPSIM_BITONIC_VARIANT(_avx2, POPSIM_AVX2, native, 4)
-POPSIM_BITONIC_VARIANT(_base, , native, 2)
+POPSIM_BITONIC_VARIANT(_avx512, POPSIM_AVX512, native, 8, 16)
+POPSIM_BITONIC_VARIANT(_avx2, POPSIM_AVX2, native, 4, 8)
+POPSIM_BITONIC_VARIANT(_base, , native, 2, 0)
 // The 8-lane network compiled for AVX2 (see [Note: split 8-lane vectors]), so that the AVX-512
-// variant's logic runs in the tests on CPUs without AVX-512 (sort_rows_8_lanes in sort.cpp).
-POPSIM_BITONIC_VARIANT(_8_lanes_avx2, POPSIM_AVX2, split, 8)
+// variant's logic runs in the tests on CPUs without AVX-512 (sort_rows_8_lanes in sort.cpp);
+// all but the 32-bit items of 16-bit keys (16 lanes), which only run where AVX-512 does.
+POPSIM_BITONIC_VARIANT(_8_lanes_avx2, POPSIM_AVX2, split, 8, 0)
 #undef POPSIM_BITONIC_VARIANT
 
 // Sorts packed items[0, n), given in index order, ascending in place with the current level's
