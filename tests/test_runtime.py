@@ -641,3 +641,37 @@ def test_training_on_cuda_matches_eager_on_cpu(placement: str) -> None:
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     ours = {k: v.cpu() for k, v in grads(program).items()}
     torch.testing.assert_close(ours, grads(reference), rtol=1e-4, atol=1e-5)
+
+
+class RecordThreadName(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        self.names.add(threading.current_thread().name)
+        return (x * 2,)
+
+
+def test_a_sharded_program_on_the_cpu_runs_on_one_thread() -> None:
+    """See [Note: one thread for a sharded program]: every stage computes on one worker thread;
+    the trace and the thread counters still name each stage's IPU; the outputs are the same."""
+    probes = [RecordThreadName() for _ in range(3)]
+    names = ["x", "h1", "h2", "y"]
+    stages = [
+        StageSpec(i, ipu, probes[i], (names[i],), (names[i + 1],))
+        for i, ipu in enumerate([0, 2, 1])
+    ]
+    program = StagedProgram(stages, ("x",), ("y",), sharded=True)
+    trace = TraceRecorder()
+    with PipelineRuntime(program, training=False, devices=CPU, trace=trace) as rt:
+        out = rt.run([{"x": torch.full((2,), float(m))} for m in range(3)])
+    assert [p.names for p in probes] == [{"poptorch_sim IPU 0, 1, 2"}] * 3
+    assert {(e.ipu, e.stage) for e in trace.events if e.category == "fwd"} == {
+        (0, 0),
+        (2, 1),
+        (1, 2),
+    }
+    assert {ipu for _, ipu, name, _ in trace.counters if name == "threads"} == {0, 1, 2}
+    for m in range(3):
+        torch.testing.assert_close(out[m]["y"], torch.full((2,), 8.0 * m))

@@ -7,6 +7,16 @@ into a ``poptorch_sim.Error`` after stopping the others. One run::
     caller ──Job, inputs──► IPU 0 worker ──activations──► IPU 1 worker
       ▲                          │      ◄──gradients────       │
       └──(ok, Output | Finished | Failed)── report queue ◄─────┘
+
+[Note: one thread for a sharded program]
+A sharded program computes on one IPU at a time, so on the CPU one worker thread runs every
+stage, in the order of the sharded schedule placed on a single IPU; traces, thread counters and
+failures still name each stage's own IPU. Per-IPU threads would each keep an OpenMP team, and
+with the caller's team beside the computing one libgomp counts more threads than CPUs and every
+team sleeps at its barriers (See [Note: idle teams slow every team]): ViT's eager inference took
+10-30% longer in a thread beside the caller's idle team than in the caller's own thread
+(``benchmarks/RESULTS.md``). For the same reason the caller's team is freed when such a run
+starts; its next parallel op starts a new one. Workers on GPUs keep a thread each.
 """
 
 from __future__ import annotations
@@ -24,8 +34,9 @@ from ..errors import Error
 from ..logger import logger
 from ..profiling.trace import TraceRecorder
 from ..program import StagedProgram
+from .actions import Action
 from .cores import CoreShare
-from .intra_op import pinned_threads_per_ipu, restore_default_threads
+from .intra_op import pinned_threads_per_ipu, release_team, restore_default_threads
 from .pool import default_devices, make_workers, start_workers, stop_workers
 from .routes import HOST, routes_of
 from .schedules import SCHEDULES, Schedule, make_schedule
@@ -102,6 +113,12 @@ class PipelineRuntime:
         self._cost_s: dict[int, float] = {}  # per IPU, the current run's (see Finished.cost_s)
         self._mean_threads: dict[int, float] = {}  # per IPU, the current run's
         self._reports: queue.Queue[tuple[bool, Any]] = queue.Queue()
+        # See [Note: one thread for a sharded program]
+        self._one_thread = (
+            self.schedule_name == "sharded"
+            and len(ipus) > 1
+            and all(device.type == "cpu" for device in self.devices.values())
+        )
         self._workers = make_workers(
             program,
             self.routes,
@@ -111,11 +128,14 @@ class PipelineRuntime:
             trace,
             training=training,
             budget=self.cores.budget,
+            one_thread=self._one_thread,
         )
-        self._by_stage = {spec.index: self._workers[spec.ipu] for spec in program.stages}
+        home = {spec.ipu: ipus[0] if self._one_thread else spec.ipu for spec in program.stages}
+        self._by_stage = {spec.index: self._workers[home[spec.ipu]] for spec in program.stages}
         workers = list(self._workers.values())
         self._finalizer = weakref.finalize(self, stop_workers, workers)
         self._schedules: dict[int, Schedule] = {}
+        self._one_thread_schedules: dict[int, Schedule] = {}
         self._run_id = 0
         self._pending: set[int] = set()  # IPUs whose worker has not finished the current run
         self._broken: str | None = None
@@ -169,6 +189,23 @@ class PipelineRuntime:
             )
         return self._schedules[num_microbatches]
 
+    def _worker_actions(self, schedule: Schedule) -> dict[int, tuple[Action, ...]]:
+        """Each worker's actions for a run of ``schedule``: its IPU's, or with one thread for a
+        sharded program every stage's, in the order of the schedule placed on that one IPU."""
+        if not self._one_thread:
+            return {ipu: schedule.ipu_actions[ipu] for ipu in self._workers}
+        (home,) = self._workers
+        m = schedule.num_microbatches
+        if m not in self._one_thread_schedules:
+            self._one_thread_schedules[m] = make_schedule(
+                self.schedule_name,
+                len(self.program.stages),
+                m,
+                training=self.training,
+                stage_ipus=(home,) * len(self.program.stages),
+            )
+        return {home: self._one_thread_schedules[m].ipu_actions[home]}
+
     def stage_executors(self) -> dict[int, StageExecutor]:
         """Each stage's executor by stage index (e.g. to attach a memory probe between runs)."""
         return {index: worker.stages[index] for index, worker in self._by_stage.items()}
@@ -208,8 +245,11 @@ class PipelineRuntime:
         job_abort = threading.Event()
         resplit, self._given = self._given != self.cores.threads, dict(self.cores.threads)
         lend, start = self.cores.lends(), time.perf_counter()
+        if self._one_thread:
+            release_team()  # the caller's: See [Note: one thread for a sharded program]
+        per_worker = self._worker_actions(schedule)
         for ipu, worker in self._workers.items():
-            actions = schedule.ipu_actions[ipu]
+            actions = per_worker[ipu]
             threads = self.cores.threads[ipu]
             job = Job(
                 self._run_id, actions, loss_scale, step, job_abort, schedule.serial, threads, lend

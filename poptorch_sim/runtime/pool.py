@@ -46,37 +46,41 @@ def make_workers(
     *,
     training: bool,
     budget: CoreBudget | None = None,
+    one_thread: bool = False,
 ) -> dict[int, IpuWorker]:
     """One (unstarted) worker per IPU of ``devices``, its stages' modules moved to its device;
     with a ``budget``, the compute actions of workers on the CPU borrow their threads from it
-    (a GPU's work does not run on the cores)."""
+    (a GPU's work does not run on the cores). With ``one_thread``, one worker, under the first
+    IPU, runs every stage (See [Note: one thread for a sharded program])."""
+    homes = {ipu: min(devices) if one_thread else ipu for ipu in devices}
+    ipu_of = {spec.index: spec.ipu for spec in program.stages}
+    executors: dict[int, dict[int, StageExecutor]] = {home: {} for home in homes.values()}
+    for spec in program.stages:
+        spec.module.to(devices[spec.ipu])
+        from_stages = frozenset(name for name in spec.inputs if routes.producer[name] != HOST)
+        executors[homes[spec.ipu]][spec.index] = StageExecutor(
+            spec,
+            training=training,
+            loss_name=program.loss_name,
+            from_stages=from_stages,
+            recompute=bool(program.meta.get("recompute", False)),
+        )
     workers: dict[int, IpuWorker] = {}
-    for ipu, device in devices.items():
-        executors = {}
-        for spec in program.stages:
-            if spec.ipu != ipu:
-                continue
-            spec.module.to(device)
-            from_stages = frozenset(name for name in spec.inputs if routes.producer[name] != HOST)
-            executors[spec.index] = StageExecutor(
-                spec,
-                training=training,
-                loss_name=program.loss_name,
-                from_stages=from_stages,
-                recompute=bool(program.meta.get("recompute", False)),
-            )
-        workers[ipu] = IpuWorker(
-            ipu,
-            executors,
+    for home, stages in executors.items():
+        device = devices[home]
+        workers[home] = IpuWorker(
+            home,
+            stages,
             routes,
             device,
-            threads[ipu],
+            threads[home],
             reports,
             trace,
             budget if device.type == "cpu" else None,
+            {index: ipu_of[index] for index in stages},
         )
     for worker in workers.values():
-        worker.peers = {s.index: workers[s.ipu].inbox for s in program.stages}
+        worker.peers = {s.index: workers[homes[s.ipu]].inbox for s in program.stages}
     return workers
 
 

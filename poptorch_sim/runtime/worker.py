@@ -155,6 +155,9 @@ class IpuWorker:
         reports: the queue shared by all workers and read by the caller.
         trace: where actions are timestamped, if anywhere.
         budget: where each compute action borrows its threads from (None: ``threads``).
+        ipu_of: the IPU of each stage, where one thread runs the stages of several IPUs (a
+            sharded program on the CPU, See [Note: one thread for a sharded program]); traces
+            and failures name the stage's IPU. Default: every stage on ``ipu``.
     """
 
     def __init__(
@@ -167,8 +170,11 @@ class IpuWorker:
         reports: queue.Queue[tuple[bool, Any]],
         trace: TraceRecorder | None,
         budget: CoreBudget | None = None,
+        ipu_of: dict[int, int] | None = None,
     ) -> None:
         self.ipu, self.stages, self.routes, self.device = ipu, stages, routes, device
+        self.ipu_of = ipu_of if ipu_of is not None else dict.fromkeys(stages, ipu)
+        ipus = sorted(set(self.ipu_of.values()))
         self.threads, self.reports, self.trace = threads, reports, trace
         self.budget = budget
         self._running = threads  # the intra-op threads this thread has now
@@ -183,7 +189,7 @@ class IpuWorker:
         # this run's compute actions: thread-ns of CPU, ns and thread-ns of wall time
         self._cost_ns = self._wall_ns = self._thread_wall_ns = 0
         self.thread = threading.Thread(
-            target=self._main, name=f"poptorch_sim IPU {ipu}", daemon=True
+            target=self._main, name=f"poptorch_sim IPU {', '.join(map(str, ipus))}", daemon=True
         )
 
     # -- thread body ----------------------------------------------------------------------------
@@ -191,7 +197,8 @@ class IpuWorker:
     def _main(self) -> None:
         ok, exc = attempt(self._start_up)
         if not ok:  # reported, never raised across threads
-            failure = StageFailure(min(self.stages), self.ipu, None, "worker start-up", exc)
+            first = min(self.stages)
+            failure = StageFailure(first, self.ipu_of[first], None, "worker start-up", exc)
             self.reports.put((False, Failed(0, failure)))
             return
         self.reports.put((True, Ready(self.ipu)))
@@ -205,8 +212,7 @@ class IpuWorker:
     def _start_up(self) -> None:
         set_worker_threads(self.threads)
         self._running = self.threads
-        if self.trace is not None:
-            self.trace.count(self.ipu, "threads", self.threads)
+        self._count_threads(self.threads)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
 
@@ -259,8 +265,12 @@ class IpuWorker:
         set_worker_threads(count)
         self._running = count
         self._widest = max(self._widest, count)
+        self._count_threads(count)
+
+    def _count_threads(self, count: int) -> None:
         if self.trace is not None:
-            self.trace.count(self.ipu, "threads", count)
+            for ipu in sorted(set(self.ipu_of.values())):
+                self.trace.count(ipu, "threads", count)
 
     def _describe(self, action: Action | None, exc: BaseException) -> StageFailure:
         stage = action.stage if action is not None else min(self.stages)
@@ -272,7 +282,8 @@ class IpuWorker:
                 node = graph_node_of(exc, self.stages[stage].spec.module)
             except Exception:  # naming the node is best effort; the failure itself is reported
                 node = None
-        return StageFailure(stage, self.ipu, action.mb if action else None, phase, exc, node)
+        ipu = self.ipu_of[stage]
+        return StageFailure(stage, ipu, action.mb if action else None, phase, exc, node)
 
     def _traced(self, action: Action, job: Job) -> None:
         if action.kind not in _COMPUTE:
@@ -298,7 +309,7 @@ class IpuWorker:
         else:
             category = _CATEGORY[action.kind]
             with self.trace.span(
-                self.ipu, repr(action), category, stage=action.stage, mb=action.mb
+                self.ipu_of[action.stage], repr(action), category, stage=action.stage, mb=action.mb
             ):
                 self._do(action, job)
 
