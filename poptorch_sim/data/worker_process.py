@@ -212,24 +212,9 @@ class _WorkerLoop(Prefetcher):
     """``Prefetcher``'s loading loop, run on the worker's own thread: its queue is the ring
     and the pipe, and the consumer's requests arrive as commands."""
 
-    def __init__(
-        self,
-        open_epoch: Callable[[], Iterator[Any] | None],
-        close_epoch: Callable[[Iterator[Any] | None, bool], None],
-        buffer_size: int,
-        load_indefinitely: bool,
-        early_preload: bool,
-        check_first: Callable[[Any], None],
-    ) -> None:
-        super().__init__(
-            open_epoch,
-            close_epoch,
-            buffer_size,
-            load_indefinitely,
-            early_preload,
-            check_first,
-            name="AsynchronousDataAccessor-worker",
-        )
+    def __init__(self, *loader_args: Any) -> None:
+        """``loader_args``: ``Prefetcher``'s, but its name (``WorkerProcess._loader_args``)."""
+        super().__init__(*loader_args, name="AsynchronousDataAccessor-worker")
         self.queue = self  # type: ignore[assignment]  # _load_first puts the first element
         self._seq = 0
 

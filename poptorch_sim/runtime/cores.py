@@ -260,11 +260,10 @@ class CoreShare:
 
     def describe(self) -> str:
         """One line for logs: the policy and the split (under ``lent``, what the last run used)."""
+        split = ", ".join(f"IPU {ipu}: {n}" for ipu, n in sorted(self.threads.items()))
         if self.policy != "lent":
-            split = ", ".join(f"IPU {ipu}: {n}" for ipu, n in sorted(self.threads.items()))
             return f"{self.policy} split of {self.cores} cores ({split})"
         if not self.lending:
-            split = ", ".join(f"IPU {ipu}: {n}" for ipu, n in sorted(self.threads.items()))
             return f"measured split of {self.cores} cores ({split}; lending measured slower)"
         used = ", ".join(f"IPU {i}: {n:.1f}" for i, n in sorted(self.mean_threads.items()))
         total = sum(self.cost.values())

@@ -130,8 +130,7 @@ class PipelineRuntime:
             budget=self.cores.budget,
             one_thread=self._one_thread,
         )
-        home = {spec.ipu: ipus[0] if self._one_thread else spec.ipu for spec in program.stages}
-        self._by_stage = {spec.index: self._workers[home[spec.ipu]] for spec in program.stages}
+        self._by_stage = {s: w for w in self._workers.values() for s in w.stages}
         workers = list(self._workers.values())
         self._finalizer = weakref.finalize(self, stop_workers, workers)
         self._schedules: dict[int, Schedule] = {}

@@ -174,7 +174,7 @@ class IpuWorker:
     ) -> None:
         self.ipu, self.stages, self.routes, self.device = ipu, stages, routes, device
         self.ipu_of = ipu_of if ipu_of is not None else dict.fromkeys(stages, ipu)
-        ipus = sorted(set(self.ipu_of.values()))
+        self._ipus = sorted(set(self.ipu_of.values()))  # the IPUs whose stages this thread runs
         self.threads, self.reports, self.trace = threads, reports, trace
         self.budget = budget
         self._running = threads  # the intra-op threads this thread has now
@@ -189,7 +189,9 @@ class IpuWorker:
         # this run's compute actions: thread-ns of CPU, ns and thread-ns of wall time
         self._cost_ns = self._wall_ns = self._thread_wall_ns = 0
         self.thread = threading.Thread(
-            target=self._main, name=f"poptorch_sim IPU {', '.join(map(str, ipus))}", daemon=True
+            target=self._main,
+            name=f"poptorch_sim IPU {', '.join(map(str, self._ipus))}",
+            daemon=True,
         )
 
     # -- thread body ----------------------------------------------------------------------------
@@ -269,7 +271,7 @@ class IpuWorker:
 
     def _count_threads(self, count: int) -> None:
         if self.trace is not None:
-            for ipu in sorted(set(self.ipu_of.values())):
+            for ipu in self._ipus:
                 self.trace.count(ipu, "threads", count)
 
     def _describe(self, action: Action | None, exc: BaseException) -> StageFailure:
