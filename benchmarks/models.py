@@ -12,8 +12,8 @@ and a Llama-style ``LlamaForCausalLM``; each pipelined and sharded, training and
   under ``torch.no_grad()``.
 * eager runs with every core (``torch.set_num_threads(cores)``); poptorch_sim's IPU workers
   share the same cores (see [Note: cores follow the work] in ``runtime/cores.py``).
-* each row: warm-up calls (the first compiles; a pipeline tries lending cores against the equal
-  split in the second to fifth), then ``--steps`` interleaved pairs (poptorch_sim, eager);
+* each row: warm-up calls (the first compiles; then a pipeline's trial of its ways to share the
+  cores: split, lent, one thread), then ``--steps`` interleaved pairs (poptorch_sim, eager);
   medians. ``eager / sim`` above 1 means the simulated IPUs were faster than plain PyTorch.
 * the machine's thread ceiling: how much faster the same matmuls ran on all cores than on one
   (a quiet two-core machine gives about 2; a loaded one less), and per model the same ratio of
@@ -51,9 +51,11 @@ except ImportError:  # the ResNet-50 rows are left out
 
 import poptorch_sim as poptorch  # noqa: E402
 from poptorch_sim.executor import placement  # noqa: E402
+from poptorch_sim.runtime.cores import MODES, TRIAL_RUNS  # noqa: E402
 
 Batch = dict[str, torch.Tensor]
 AUTO, SAME = poptorch.AutoStage.AutoIncrement, poptorch.AutoStage.SameAsIpu
+WARMUP = len(MODES) * TRIAL_RUNS  # calls after the first: a pipeline's trial
 POPRT_CUT = {"add": 0, "layer4_0_bn3": 1, "add_13": 2}  # as benchmarks/sharding.py
 
 
@@ -323,7 +325,7 @@ def row(
     call, sim = sim_call(case, model, batch, s, strategy, training)
     first = timed(call)
     for _ in range(warmup):
-        call()  # a pipeline decides whether to lend cores (see [Note: cores follow the work])
+        call()  # a pipeline's trial (see [Note: cores follow the work])
     torch.set_num_threads(cores)
     eager()
     sims, eagers = [], []
@@ -431,7 +433,7 @@ def main() -> None:
         case = CASES[name]
         for kind in args.kinds.split(","):
             for strategy in args.strategies.split(","):
-                row(case, s, strategy, kind == "train", steps, cores, 0 if args.quick else 4)
+                row(case, s, strategy, kind == "train", steps, cores, 0 if args.quick else WARMUP)
     for name in [] if args.no_model_ceilings else names:
         if CASES[name].eager_as in names:
             continue  # the same eager model as that case's: its ceiling is printed once

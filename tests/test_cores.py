@@ -4,6 +4,7 @@ counter tracks, the process-wide default left as it was)."""
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -11,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from test_runtime import RecordThreads
+from test_runtime import RecordThreads, chain, eager, micro_batches, sgd
 
 from poptorch_sim.profiling.trace import TraceRecorder
 from poptorch_sim.program import StagedProgram, StageSpec
@@ -182,18 +183,61 @@ def test_trials_of_lending_against_the_measured_split_decide_the_runs_after(
     seen = []
     trial = 1 + 2 * TRIAL_RUNS
     for run in range(TRIAL_EVERY + trial):
-        lends = share.lends()
-        seen.append(lends)
+        mode = share.mode()
+        seen.append(mode)
         slow = 1.0 if run == 2 else 0.0  # one slow lent run in the trial: the fastest counts
-        share.observe({0: 0.1, 1: 0.1}, {}, lend_s + slow if lends else 0.25)
-    alternate = [False, True] * TRIAL_RUNS
-    assert seen[:trial] == [True, *alternate]  # warm-up, then the trial
-    assert seen[trial:TRIAL_EVERY] == [lending] * (TRIAL_EVERY - trial)
-    assert seen[TRIAL_EVERY : TRIAL_EVERY + trial] == [lending, *alternate]
-    assert share.lending is lending
+        share.observe({0: 0.1, 1: 0.1}, {}, lend_s + slow if mode == "lent" else 0.25)
+    chosen = "lent" if lending else "split"
+    alternate = ["split", "lent"] * TRIAL_RUNS
+    assert seen[:trial] == ["lent", *alternate]  # warm-up, then the trial
+    assert seen[trial:TRIAL_EVERY] == [chosen] * (TRIAL_EVERY - trial)
+    assert seen[TRIAL_EVERY : TRIAL_EVERY + trial] == [chosen, *alternate]
+    assert share.choice == chosen
     assert share.describe().startswith(
-        "lent" if lending else "measured split of 2 cores (IPU 0: 1"
+        "lent" if lending else "measured split of 2 cores (IPU 0: 1, IPU 1: 1; lending measured"
     )
+
+
+@pytest.mark.parametrize(
+    "times, chosen",
+    [
+        ({"split": 0.30, "lent": 0.25, "one thread": 0.20}, "one thread"),
+        ({"split": 0.30, "lent": 0.20, "one thread": 0.25}, "lent"),
+        ({"split": 0.30, "lent": 0.31, "one thread": 0.29}, "split"),
+    ],
+    ids=["one-thread-fastest", "lending-fastest", "within-margin-of-the-split"],
+)
+def test_trials_try_one_thread_for_every_stage_where_the_runtime_can(
+    times: dict[str, float], chosen: str
+) -> None:
+    share = CoreShare([0, 1], cores=2, one_thread=True)
+    assert share.trials == ("split", "lent", "one thread")
+    seen = []
+    trial = 1 + 3 * TRIAL_RUNS
+    for _ in range(TRIAL_EVERY + 1):
+        mode = share.mode()
+        seen.append(mode)
+        share.observe({0: 0.1, 1: 0.1}, {0: 1.0, 1: 1.0}, times[mode])
+    assert seen[:trial] == ["lent", *["split", "lent", "one thread"] * TRIAL_RUNS]
+    assert seen[trial:] == [chosen] * (TRIAL_EVERY + 1 - trial)
+    assert share.choice == chosen
+    expected = {
+        "one thread": "one thread on 2 cores (split and lending measured slower)",
+        "lent": "lent 2 cores",
+        "split": "measured split of 2 cores (IPU 0: 1, IPU 1: 1; lending and one thread measured",
+    }[chosen]
+    assert share.describe().startswith(expected)
+
+
+def test_runs_on_one_thread_leave_the_measured_work_alone() -> None:
+    """One thread's compute time is every IPU's at once: it says nothing of each IPU's share."""
+    share = CoreShare([0, 1], cores=2, one_thread=True)
+    share.observe({0: 0.3, 1: 0.1}, {0: 1.0, 1: 1.0}, 0.3)  # warm-up
+    share.observe({0: 0.3, 1: 0.1}, {0: 1.0, 1: 1.0}, 0.3)  # split
+    share.observe({0: 0.3, 1: 0.1}, {0: 1.0, 1: 1.0}, 0.3)  # lent
+    assert share.mode() == "one thread"
+    share.observe({0: 5.0}, {0: 2.0}, 0.3)
+    assert share.cost == {0: 0.3, 1: 0.1} and share.mean_threads == {0: 1.0, 1: 1.0}
 
 
 def test_runs_that_do_not_lend_use_the_split_by_measured_work() -> None:
@@ -232,11 +276,11 @@ def test_pinned_split_never_changes_and_lends_nothing() -> None:
 
 def test_one_core_has_nothing_to_lend() -> None:
     share = CoreShare([0, 1], cores=1)
-    assert (share.policy, share.threads, share.budget, share.lends()) == (
+    assert (share.policy, share.threads, share.budget, share.mode()) == (
         "fixed",
         {0: 1, 1: 1},
         None,
-        False,
+        "split",
     )
 
 
@@ -429,3 +473,53 @@ def test_replica_threads_free_their_intra_op_teams_after_a_call(
     want = torch.cat([_Parallel()(half)[0] for half in x.split(512)])
     torch.testing.assert_close(outs[0], want)
     torch.testing.assert_close(outs[1], want)
+
+
+def test_every_mode_of_the_trials_trains_as_eager_does(
+    monkeypatch: pytest.MonkeyPatch, two_threads: int
+) -> None:
+    """Through a trial (split, lent, one thread for every stage) the outputs and the weights
+    after each step are eager's; the one-thread runs compute on one thread with every core and
+    the trace still names each stage's IPU; close() joins the threads of both worker sets."""
+    monkeypatch.delenv("POPTORCH_SIM_THREADS_PER_IPU", raising=False)
+    baseline = threading.active_count()
+    program = chain(3, [0, 1, 2, 0])
+    reference = copy.deepcopy(program)
+    seen: list[set[tuple[str, int]]] = []
+    for spec in program.stages:
+        spec.module.register_forward_hook(
+            lambda *_: seen[-1].add((threading.current_thread().name, torch.get_num_threads()))
+        )
+
+    def step(module: torch.nn.Module) -> None:
+        sgd(module)
+        module.zero_grad()
+
+    trace = TraceRecorder()
+    modes = []
+    with PipelineRuntime(program, training=True, devices=CPU, trace=trace) as rt:
+        for _ in range(1 + 3 * TRIAL_RUNS):
+            batches = micro_batches(5)
+            want = eager(reference, batches, loss_scale=0.2)
+            for spec in reference.stages:
+                step(spec.module)
+            modes.append(rt.cores.mode())
+            seen.append(set())
+            got = rt.run(batches, loss_scale=0.2, step=lambda s: step(program.stages[s].module))
+            torch.testing.assert_close(got, want)
+            for ours, theirs in zip(program.stages, reference.stages):
+                torch.testing.assert_close(ours.module.state_dict(), theirs.module.state_dict())
+        assert threading.active_count() == baseline + 4  # three IPU threads and the one
+    assert modes == ["lent", *["split", "lent", "one thread"] * TRIAL_RUNS]
+    for mode, threads in zip(modes, seen):
+        if mode == "one thread":
+            assert threads == {("poptorch_sim IPU 0, 1, 2", two_threads)}
+        else:
+            assert {name for name, _ in threads} == {f"poptorch_sim IPU {i}" for i in range(3)}
+    assert {(e.ipu, e.stage) for e in trace.events if e.category == "fwd"} == {
+        (0, 0),
+        (1, 1),
+        (2, 2),
+        (0, 3),
+    }
+    assert threading.active_count() == baseline

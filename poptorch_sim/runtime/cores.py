@@ -17,6 +17,9 @@ micro-batch) at a time:
     lent     pipelines (stages compute at once)        the cores no other worker is computing
                                                        on, less one per worker waiting; none
                                                        free: wait until one is given back
+                                                       (or, as trials below decide, a split
+                                                       by measured work, or every core on
+                                                       one thread for all stages)
 
 Under ``lent`` the program never computes on more threads than the caller's intra-op count
 (``cores``), and a worker ready to compute never finds a core idle: a stage computing alone runs
@@ -37,16 +40,23 @@ single-threaded workers can do better (measured on the shared 2-core build machi
 average 4.2-4.5: Llama inference pipelined 0.82 of eager with lending, 0.91 on the equal split;
 at load 2.5 BERT training 1.26 lent, 0.79 on the split), and a fixed split by measured work
 can beat lending where one stage holds most of it (GPT-2 at 84% on IPU 0, dev-zen4, quiet:
-training 5,575 ms on the split IPU 0: 2, IPUs 1-3: 1, 6,292 ms lent). So the runtime tries
-both: after the first run (lent, not judged: one-off costs), runs alternate between the split
-by measured work (``apportion``: ``round(cores * share)`` threads each, at least 1; the equal
-split before anything is measured) and lending, ``TRIAL_RUNS`` of each, and the runs after lend
-only if lending's fastest run per micro-batch took at most ``TRIAL_MARGIN`` of the split's
-fastest (else they keep the split, which follows the smoothed work); the trial repeats every
-``TRIAL_EVERY`` runs. Balanced pipelines mostly keep the split (same machine: BERT training 825
-vs 905 ms, ViT training 421 vs 476 ms, split vs lent), and lending pays where a stage holds most
-of the work and the split cannot give it a second core (Llama, 66-71% on IPU 0: 3,949 ms on the
-split, 2,729 ms lent, xeon-avx512 pinned to 2 cores).
+training 5,575 ms on the split IPU 0: 2, IPUs 1-3: 1, 6,292 ms lent). And where one stage
+holds most of the work even lending leaves the pipeline waiting on it, while one thread running
+every stage on every core, in the order of the schedule placed on one IPU, computes as eager
+PyTorch does (as a sharded program always runs on the CPU: See [Note: one thread for a sharded
+program]; Llama training, dev-zen4, quiet: eager / poptorch_sim 0.71-0.84 on the split,
+0.89-1.03 lent, 0.93-1.09 on one thread, ``benchmarks/RESULTS.md``). So the runtime tries the
+modes of ``MODES`` in turn: after the first run (lent, not judged: one-off costs), ``TRIAL_RUNS``
+runs each of the split by measured work (``apportion``: ``round(cores * share)`` threads each,
+at least 1; the equal split before anything is measured), lending, and one thread (where the
+runtime can: more than one IPU, all on the CPU); the runs after take the mode whose fastest run
+per micro-batch was fastest if that took at most ``TRIAL_MARGIN`` of the split's fastest, else
+the split (which follows the smoothed work); the trial repeats every ``TRIAL_EVERY`` runs.
+Balanced pipelines mostly keep the split (same machine: BERT training 825 vs 905 ms, ViT
+training 421 vs 476 ms, split vs lent), and lending pays where a stage holds most of the work and
+the split cannot give it a second core (Llama, 66-71% on IPU 0: 3,949 ms on the split, 2,729 ms
+lent, xeon-avx512 pinned to 2 cores). Runs on one thread leave ``cost`` and ``mean_threads``
+alone: one thread's compute time is every IPU's at once.
 
 Numbers: the same ops run on the same values in the same order, with the same schedule and the
 same actions; only the number of threads an op may use changes, which can change the last bits
@@ -62,15 +72,16 @@ import threading
 import time
 from collections.abc import Mapping
 
-__all__ = ["CoreBudget", "CoreShare", "apportion", "POLICIES"]
+__all__ = ["CoreBudget", "CoreShare", "apportion", "MODES", "POLICIES"]
 
 POLICIES = ("fixed", "serial", "lent")
+MODES = ("split", "lent", "one thread")  # how one run of a ``lent`` program computes
 SMOOTHING = 0.5  # weight of the newest run in the smoothed cost
 WARMUP_RUNS = 1  # runs not measured
 PATIENCE_S = 1.0  # the longest a worker waits for a lent core before taking one anyway
-TRIAL_EVERY = 40  # runs from the start of one trial of lending against the split to the next
-TRIAL_RUNS = 2  # runs of each in a trial
-TRIAL_MARGIN = 0.95  # lending must take at most this fraction of the split's time to be kept
+TRIAL_EVERY = 40  # runs from the start of one trial of the modes to the next
+TRIAL_RUNS = 2  # runs of each mode in a trial
+TRIAL_MARGIN = 0.95  # another mode must take at most this fraction of the split's time to be kept
 
 
 def apportion(costs: Mapping[int, float], cores: int) -> dict[int, int]:
@@ -183,18 +194,22 @@ class CoreShare:
         cores: the threads the program may use in all (the caller's intra-op thread count).
         fixed: threads per IPU pinned by the caller (then nothing is lent; nor with one core).
         serial: only one IPU computes at a time (sharded execution): each gets every core.
+        one_thread: the runtime can run every stage on one worker thread (the trials of a
+            ``lent`` program then try that mode too).
 
     Attributes:
         threads: IPU -> the worker's threads when it does not borrow (under ``lent``: the split
             by measured work, ``apportion(cost, cores)``).
         budget: the ``CoreBudget`` the workers borrow from (``lent`` only, else None).
         cost: IPU -> smoothed thread-seconds of compute per run (the budget's priorities).
-        mean_threads: IPU -> threads per compute second in the last run.
-        lending: whether runs outside a trial lend cores (``lent`` only).
+        mean_threads: IPU -> threads per compute second in the last measured run.
+        trials: the modes the trials compare (``lent`` only, else none).
+        choice: the mode of the runs outside a trial (one of ``MODES``; ``split`` when nothing
+            is lent).
 
     >>> share = CoreShare([0, 1], cores=2)
-    >>> share.policy, share.threads
-    ('lent', {0: 1, 1: 1})
+    >>> share.policy, share.threads, share.mode()
+    ('lent', {0: 1, 1: 1}, 'lent')
     >>> for _ in range(2):  # the warm-up run is not measured
     ...     share.observe({0: 0.9, 1: 0.1}, {0: 1.5, 1: 1.0})
     >>> share.cost, share.describe()
@@ -202,12 +217,18 @@ class CoreShare:
     """
 
     def __init__(
-        self, ipus: list[int], cores: int, fixed: int | None = None, serial: bool = False
+        self,
+        ipus: list[int],
+        cores: int,
+        fixed: int | None = None,
+        serial: bool = False,
+        one_thread: bool = False,
     ) -> None:
         self.cores = max(1, cores)
         self.budget: CoreBudget | None = None
         self.cost: dict[int, float] = {}
         self.mean_threads: dict[int, float] = {}
+        self.trials: tuple[str, ...] = ()
         if fixed is not None or self.cores == 1:  # one core: nothing to lend
             self.policy = "fixed"
             self.threads = dict.fromkeys(ipus, fixed or 1)
@@ -218,18 +239,19 @@ class CoreShare:
             self.policy = "lent"
             self.threads = apportion(dict.fromkeys(ipus, 0.0), self.cores)
             self.budget = CoreBudget(self.cores, self.cost)
-        self.lending = self.budget is not None
+            self.trials = MODES if one_thread else MODES[:2]
+        self.choice = "lent" if self.budget is not None else "split"
         self._runs = 0
-        self._trial: dict[bool, float] = {}  # lending? -> its fastest run: seconds per mb
+        self._trial: dict[str, float] = {}  # mode -> its fastest run: seconds per mb
 
-    def lends(self) -> bool:
-        """Whether the next run borrows cores from ``budget`` (else: ``threads``, fixed)."""
-        if self.budget is None:
-            return False
-        phase = self._runs % TRIAL_EVERY
-        if self._runs and 1 <= phase <= 2 * TRIAL_RUNS:
-            return phase % 2 == 0  # a trial: the measured split and lending in turn
-        return self.lending
+    def mode(self) -> str:
+        """How the next run computes: ``split`` (each worker on its ``threads``), ``lent``
+        (compute actions borrow from ``budget``) or ``one thread`` (one worker runs every stage
+        on every core)."""
+        phase, count = self._runs % TRIAL_EVERY, len(self.trials)
+        if count and self._runs and 1 <= phase <= count * TRIAL_RUNS:
+            return self.trials[(phase - 1) % count]  # a trial: the modes in turn
+        return self.choice
 
     def observe(
         self,
@@ -238,16 +260,19 @@ class CoreShare:
         seconds_per_mb: float | None = None,
     ) -> None:
         """Record one run: each IPU worker's thread-seconds of compute and its mean threads, and
-        the run's wall time per micro-batch (for the trials of lending)."""
-        lent, phase = self.lends(), self._runs % TRIAL_EVERY
+        the run's wall time per micro-batch (for the trials)."""
+        mode, phase = self.mode(), self._runs % TRIAL_EVERY
         self._runs += 1
-        self.mean_threads = dict(mean_threads)
-        if self._runs > 1 and 1 <= phase <= 2 * TRIAL_RUNS and seconds_per_mb is not None:
-            self._trial[lent] = min(self._trial.get(lent, seconds_per_mb), seconds_per_mb)
-            if phase == 2 * TRIAL_RUNS and len(self._trial) == 2:
-                self.lending = self._trial[True] <= TRIAL_MARGIN * self._trial[False]
-            if phase == 2 * TRIAL_RUNS:
+        last = len(self.trials) * TRIAL_RUNS
+        if self._runs > 1 and 1 <= phase <= last and seconds_per_mb is not None:
+            self._trial[mode] = min(self._trial.get(mode, seconds_per_mb), seconds_per_mb)
+            if phase == last and len(self._trial) == len(self.trials):
+                self.choice = self._fastest()
+            if phase == last:
                 self._trial.clear()
+        if mode == "one thread":
+            return  # one thread's work is not each IPU's
+        self.mean_threads = dict(mean_threads)
         if self._runs <= WARMUP_RUNS:
             return
         for ipu, spent in cost_s.items():
@@ -258,13 +283,22 @@ class CoreShare:
         if self.budget is not None and len(self.cost) == len(self.threads):
             self.threads = apportion(self.cost, self.cores)
 
+    def _fastest(self) -> str:
+        """The trial's fastest mode, if within ``TRIAL_MARGIN`` of the split's time, else split."""
+        best = min(self.trials[1:], key=self._trial.__getitem__)
+        return best if self._trial[best] <= TRIAL_MARGIN * self._trial["split"] else "split"
+
     def describe(self) -> str:
         """One line for logs: the policy and the split (under ``lent``, what the last run used)."""
         split = ", ".join(f"IPU {ipu}: {n}" for ipu, n in sorted(self.threads.items()))
         if self.policy != "lent":
             return f"{self.policy} split of {self.cores} cores ({split})"
-        if not self.lending:
-            return f"measured split of {self.cores} cores ({split}; lending measured slower)"
+        if self.choice != "lent":
+            others = [{"lent": "lending"}.get(m, m) for m in self.trials if m != self.choice]
+            slower = " and ".join(others) + " measured slower"
+            if self.choice == "one thread":
+                return f"one thread on {self.cores} cores ({slower})"
+            return f"measured split of {self.cores} cores ({split}; {slower})"
         used = ", ".join(f"IPU {i}: {n:.1f}" for i, n in sorted(self.mean_threads.items()))
         total = sum(self.cost.values())
         work = ", ".join(

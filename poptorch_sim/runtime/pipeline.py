@@ -16,7 +16,11 @@ with the caller's team beside the computing one libgomp counts more threads than
 team sleeps at its barriers (See [Note: idle teams slow every team]): ViT's eager inference took
 10-30% longer in a thread beside the caller's idle team than in the caller's own thread
 (``benchmarks/RESULTS.md``). For the same reason the caller's team is freed when such a run
-starts; its next parallel op starts a new one. Workers on GPUs keep a thread each.
+starts; its next parallel op starts a new one. Workers on GPUs keep a thread each. A pipelined
+program on the CPU runs the same way where its trials measured it fastest (See [Note: cores
+follow the work]): one more worker, started when a trial first asks for it, holds every stage's
+executor beside the per-IPU workers (a run uses one set or the other, and the executors' state
+lasts one run), and runs the pipelined schedule placed on one IPU.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from ..program import StagedProgram
 from .actions import Action
 from .cores import CoreShare
 from .intra_op import pinned_threads_per_ipu, release_team, restore_default_threads
-from .pool import default_devices, make_workers, start_workers, stop_workers
+from .pool import default_devices, make_executors, make_workers, start_workers, stop_workers
 from .routes import HOST, routes_of
 from .schedules import SCHEDULES, Schedule, make_schedule
 from .stage import StageExecutor, prepare_backward
@@ -103,42 +107,33 @@ class PipelineRuntime:
         ipus = sorted(set(self.stage_ipus))
         self.devices = self._devices(ipus, devices)
         self._main_threads = torch.get_num_threads()
+        # See [Note: one thread for a sharded program]
+        on_cpu = len(ipus) > 1 and all(d.type == "cpu" for d in self.devices.values())
+        sharded = self.schedule_name == "sharded"
         self.cores = CoreShare(
             ipus,
             self._main_threads,
             pinned_threads_per_ipu(threads_per_ipu),
-            serial=self.schedule_name == "sharded",
+            serial=sharded,
+            one_thread=on_cpu and not sharded,
         )
         self._given = dict(self.cores.threads)  # the split the workers run with
         self._cost_s: dict[int, float] = {}  # per IPU, the current run's (see Finished.cost_s)
         self._mean_threads: dict[int, float] = {}  # per IPU, the current run's
         self._reports: queue.Queue[tuple[bool, Any]] = queue.Queue()
-        # See [Note: one thread for a sharded program]
-        self._one_thread = (
-            self.schedule_name == "sharded"
-            and len(ipus) > 1
-            and all(device.type == "cpu" for device in self.devices.values())
-        )
-        self._workers = make_workers(
-            program,
-            self.routes,
-            self.devices,
-            self.cores.threads,
-            self._reports,
-            trace,
-            training=training,
-            budget=self.cores.budget,
-            one_thread=self._one_thread,
-        )
+        self._executors = make_executors(program, self.routes, self.devices, training=training)
+        self._always_one_thread = on_cpu and sharded
+        # the worker sets, built when first used: one worker per IPU (False) or one for all (True)
+        self._sets: dict[bool, dict[int, IpuWorker]] = {}
+        self._threads: list[IpuWorker] = []  # every worker started, for close()
+        self._finalizer = weakref.finalize(self, stop_workers, self._threads)
+        self._workers = self._worker_set(self._always_one_thread)  # the current run's
         self._by_stage = {s: w for w in self._workers.values() for s in w.stages}
-        workers = list(self._workers.values())
-        self._finalizer = weakref.finalize(self, stop_workers, workers)
         self._schedules: dict[int, Schedule] = {}
         self._one_thread_schedules: dict[int, Schedule] = {}
         self._run_id = 0
         self._pending: set[int] = set()  # IPUs whose worker has not finished the current run
         self._broken: str | None = None
-        self._start(workers)
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -164,15 +159,38 @@ class PipelineRuntime:
             raise Error(f"devices has no entry for IPUs {missing} (given: {sorted(devices)})")
         return {ipu: torch.device(devices[ipu]) for ipu in ipus}
 
-    def _start(self, workers: list[IpuWorker]) -> None:
-        """Start the workers; close the runtime if one of them fails to."""
-        try:
-            start_workers(workers, self._reports)
-        except BaseException:
-            self.close()
-            raise
-        finally:
-            restore_default_threads(self._main_threads)  # See [Note: per-thread intra-op threads]
+    def _start_threads(self, one_thread: bool) -> dict[int, int]:
+        """The threads a worker set starts on: the split, or every core for the one thread that
+        a pipelined program's trials try (a sharded one keeps its policy's count)."""
+        if one_thread and not self._always_one_thread:
+            return dict.fromkeys(self.devices, self.cores.cores)
+        return dict(self.cores.threads)
+
+    def _worker_set(self, one_thread: bool) -> dict[int, IpuWorker]:
+        """The workers of one thread per IPU, or of one thread for all; started when first
+        asked for (a failure to start closes the runtime)."""
+        if one_thread not in self._sets:
+            workers = make_workers(
+                self.program,
+                self._executors,
+                self.routes,
+                self.devices,
+                self._start_threads(one_thread),
+                self._reports,
+                self.trace,
+                budget=None if one_thread else self.cores.budget,
+                one_thread=one_thread,
+            )
+            self._threads.extend(workers.values())
+            try:
+                start_workers(list(workers.values()), self._reports)
+            except BaseException:
+                self.close()
+                raise
+            finally:
+                restore_default_threads(self._main_threads)  # [Note: per-thread intra-op threads]
+            self._sets[one_thread] = workers
+        return self._sets[one_thread]
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -189,9 +207,9 @@ class PipelineRuntime:
         return self._schedules[num_microbatches]
 
     def _worker_actions(self, schedule: Schedule) -> dict[int, tuple[Action, ...]]:
-        """Each worker's actions for a run of ``schedule``: its IPU's, or with one thread for a
-        sharded program every stage's, in the order of the schedule placed on that one IPU."""
-        if not self._one_thread:
+        """Each worker's actions for a run of ``schedule``: its IPU's, or with one thread for
+        all every stage's, in the order of the schedule placed on that one IPU."""
+        if len(self._workers) == len(self.devices):
             return {ipu: schedule.ipu_actions[ipu] for ipu in self._workers}
         (home,) = self._workers
         m = schedule.num_microbatches
@@ -207,7 +225,7 @@ class PipelineRuntime:
 
     def stage_executors(self) -> dict[int, StageExecutor]:
         """Each stage's executor by stage index (e.g. to attach a memory probe between runs)."""
-        return {index: worker.stages[index] for index, worker in self._by_stage.items()}
+        return dict(self._executors)
 
     def run(
         self,
@@ -243,15 +261,25 @@ class PipelineRuntime:
         self._run_id += 1
         job_abort = threading.Event()
         resplit, self._given = self._given != self.cores.threads, dict(self.cores.threads)
-        lend, start = self.cores.lends(), time.perf_counter()
-        if self._one_thread:
+        mode = self.cores.mode()  # See [Note: cores follow the work]
+        one_thread = self._always_one_thread or mode == "one thread"
+        self._workers = self._worker_set(one_thread)
+        self._by_stage = {s: w for w in self._workers.values() for s in w.stages}
+        start = time.perf_counter()
+        if one_thread:
             release_team()  # the caller's: See [Note: one thread for a sharded program]
         per_worker = self._worker_actions(schedule)
         for ipu, worker in self._workers.items():
-            actions = per_worker[ipu]
-            threads = self.cores.threads[ipu]
+            threads = self.cores.cores if mode == "one thread" else self.cores.threads[ipu]
             job = Job(
-                self._run_id, actions, loss_scale, step, job_abort, schedule.serial, threads, lend
+                self._run_id,
+                per_worker[ipu],
+                loss_scale,
+                step,
+                job_abort,
+                schedule.serial,
+                threads,
+                lend=mode == "lent",
             )
             worker.inbox.put(job)
         self._pending = set(self._workers)

@@ -23,7 +23,14 @@ from .stage import StageExecutor
 from .threads import POLL_S, join_all
 from .worker import STOP, IpuWorker, Ready
 
-__all__ = ["START_TIMEOUT_S", "default_devices", "make_workers", "start_workers", "stop_workers"]
+__all__ = [
+    "START_TIMEOUT_S",
+    "default_devices",
+    "make_executors",
+    "make_workers",
+    "start_workers",
+    "stop_workers",
+]
 
 START_TIMEOUT_S = 60.0  # workers must report ready within this
 
@@ -36,37 +43,52 @@ def default_devices(ipus: list[int]) -> dict[int, torch.device]:
     return {ipu: torch.device("cpu") for ipu in ipus}
 
 
-def make_workers(
+def make_executors(
     program: StagedProgram,
     routes: Routes,
     devices: dict[int, torch.device],
-    threads: dict[int, int],
-    reports: queue.Queue[tuple[bool, Any]],
-    trace: TraceRecorder | None,
     *,
     training: bool,
-    budget: CoreBudget | None = None,
-    one_thread: bool = False,
-) -> dict[int, IpuWorker]:
-    """One (unstarted) worker per IPU of ``devices``, its stages' modules moved to its device;
-    with a ``budget``, the compute actions of workers on the CPU borrow their threads from it
-    (a GPU's work does not run on the cores). With ``one_thread``, one worker, under the first
-    IPU, runs every stage (See [Note: one thread for a sharded program])."""
-    homes = {ipu: min(devices) if one_thread else ipu for ipu in devices}
-    ipu_of = {spec.index: spec.ipu for spec in program.stages}
-    executors: dict[int, dict[int, StageExecutor]] = {home: {} for home in homes.values()}
+) -> dict[int, StageExecutor]:
+    """Each stage's executor by stage index, its module moved to its IPU's device."""
+    executors: dict[int, StageExecutor] = {}
     for spec in program.stages:
         spec.module.to(devices[spec.ipu])
         from_stages = frozenset(name for name in spec.inputs if routes.producer[name] != HOST)
-        executors[homes[spec.ipu]][spec.index] = StageExecutor(
+        executors[spec.index] = StageExecutor(
             spec,
             training=training,
             loss_name=program.loss_name,
             from_stages=from_stages,
             recompute=bool(program.meta.get("recompute", False)),
         )
+    return executors
+
+
+def make_workers(
+    program: StagedProgram,
+    executors: dict[int, StageExecutor],
+    routes: Routes,
+    devices: dict[int, torch.device],
+    threads: dict[int, int],
+    reports: queue.Queue[tuple[bool, Any]],
+    trace: TraceRecorder | None,
+    *,
+    budget: CoreBudget | None = None,
+    one_thread: bool = False,
+) -> dict[int, IpuWorker]:
+    """One (unstarted) worker per IPU of ``devices`` holding its stages' ``executors``; with a
+    ``budget``, the compute actions of workers on the CPU borrow their threads from it (a GPU's
+    work does not run on the cores). With ``one_thread``, one worker, under the first IPU, runs
+    every stage (See [Note: one thread for a sharded program]). Sets of workers that never run
+    at the same time may share the executors (their state lasts one run)."""
+    homes = {ipu: min(devices) if one_thread else ipu for ipu in devices}
+    ipu_of = {spec.index: spec.ipu for spec in program.stages}
+    held: dict[int, dict[int, StageExecutor]] = {home: {} for home in homes.values()}
+    for spec in program.stages:
+        held[homes[spec.ipu]][spec.index] = executors[spec.index]
     workers: dict[int, IpuWorker] = {}
-    for home, stages in executors.items():
+    for home, stages in held.items():
         device = devices[home]
         workers[home] = IpuWorker(
             home,
