@@ -308,7 +308,14 @@ def sim_call(case: Case, model: nn.Module, batch: Batch, s: Size, strategy: str,
 
 
 def row(
-    case: Case, s: Size, strategy: str, training: bool, steps: int, cores: int, warmup: int
+    case: Case,
+    s: Size,
+    strategy: str,
+    training: bool,
+    steps: int,
+    cores: int,
+    warmup: int,
+    trials: bool = False,
 ) -> None:
     s = dataclasses.replace(s, ga=max(s.ga, 2 * case.stages - 1))
     torch.manual_seed(0)
@@ -324,8 +331,10 @@ def row(
     eager = eager_call(eager_model, batch, s.ga, training)
     call, sim = sim_call(case, model, batch, s, strategy, training)
     first = timed(call)
-    for _ in range(warmup):
-        call()  # a pipeline's trial (see [Note: cores follow the work])
+    trial: dict[str, list[float]] = {}
+    for _ in range(warmup):  # a pipeline's trial (see [Note: cores follow the work])
+        mode = placement(sim).mode if strategy == "pipelined" else "warm-up"
+        trial.setdefault(mode, []).append(timed(call))
     torch.set_num_threads(cores)
     eager()
     sims, eagers = [], []
@@ -340,8 +349,15 @@ def row(
     kind = "train" if training else "infer"
     print(
         f"| {case.name} | {kind} | {strategy} | {p * 1e3:,.0f} | {e * 1e3:,.0f} | {e / p:.2f} | "
-        f"{first:.1f} | IPUs {ipus}: {split} |",
+        f"{first:.1f} | IPUs {ipus}: {split} |" + (f" {trial_times(trial)} |" if trials else ""),
         flush=True,
+    )
+
+
+def trial_times(trial: dict[str, list[float]]) -> str:
+    """The warm-up calls' times by the mode a pipeline's trial ran them in."""
+    return "; ".join(
+        f"{mode} " + " / ".join(f"{t * 1e3:,.0f}" for t in times) for mode, times in trial.items()
     )
 
 
@@ -402,6 +418,11 @@ def main() -> None:
     parser.add_argument("--strategies", default="pipelined,sharded")
     parser.add_argument("--kinds", default="train,infer")
     parser.add_argument(
+        "--trials",
+        action="store_true",
+        help="a column with the warm-up calls' times by trial mode (split, lent, one thread)",
+    )
+    parser.add_argument(
         "--no-model-ceilings", action="store_true", help="skip each model's 1-thread eager steps"
     )
     for field in ("hidden", "layers", "seq", "micro", "ga", "image"):
@@ -427,13 +448,18 @@ def main() -> None:
         f"micro-batch {s.micro}, GA (training) / DI (inference) {s.ga} (at least 2 x stages - 1)"
         f"; medians of {steps}"
     )
-    print("| model | kind | strategy | sim ms | eager ms | eager / sim | first call s | split |")
-    print("|---|---|---|---|---|---|---|---|")
+    extra = (" trial ms |", "---|") if args.trials else ("", "")
+    print(
+        "| model | kind | strategy | sim ms | eager ms | eager / sim | first call s | split |"
+        + extra[0]
+    )
+    print("|---|---|---|---|---|---|---|---|" + extra[1])
     for name in names:
         case = CASES[name]
         for kind in args.kinds.split(","):
             for strategy in args.strategies.split(","):
-                row(case, s, strategy, kind == "train", steps, cores, 0 if args.quick else WARMUP)
+                warmup = 0 if args.quick else WARMUP
+                row(case, s, strategy, kind == "train", steps, cores, warmup, args.trials)
     for name in [] if args.no_model_ceilings else names:
         if CASES[name].eager_as in names:
             continue  # the same eager model as that case's: its ceiling is printed once

@@ -44,6 +44,7 @@ def test_placement_of_one_program_and_of_a_pipeline() -> None:
     placed = placement(pipelined)
     assert placed.staged and placed.stage_ipus == (0, 1)
     assert "IPU 0" in placed.cores and "IPU 1" in placed.cores
+    assert placed.mode == "split"  # the trial's first run (or a fixed split: one core, pinned)
     single.destroy()
     pipelined.destroy()
 

@@ -42,11 +42,14 @@ class Placement:
         stage_ipus: the IPU of each stage, in stage order (empty for one program).
         cores: how the host's cores are split over the IPU workers, as the runtime logs it
             (empty for one program).
+        mode: how the next call computes (``split``, ``lent`` or ``one thread``: See [Note:
+            cores follow the work]; empty for one program).
     """
 
     staged: bool
     stage_ipus: tuple[int, ...]
     cores: str
+    mode: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,8 @@ def placement_of(exe: Executable) -> Placement:
     if not isinstance(program, StagedRunner):
         return Placement(staged=False, stage_ipus=(), cores="")
     stage_ipus = tuple(stage.ipu for stage in program.program.stages)
-    return Placement(staged=True, stage_ipus=stage_ipus, cores=program.runtime.cores.describe())
+    share = program.runtime.cores
+    return Placement(True, stage_ipus, share.describe(), share.mode())
 
 
 def allreduce_stats_of(exe: Executable) -> AllReduceStats | None:
