@@ -504,8 +504,12 @@ def test_every_mode_of_the_trials_trains_as_eager_does(
             for spec in reference.stages:
                 step(spec.module)
             modes.append(rt.cores.mode())
+            split = dict(rt.cores.threads)
             seen.append(set())
             got = rt.run(batches, loss_scale=0.2, step=lambda s: step(program.stages[s].module))
+            counted = {ipu: value for _, ipu, name, value in trace.counters if name == "threads"}
+            if modes[-1] != "lent":  # the trace's counters show what the run used
+                assert counted == (dict.fromkeys(range(3), 2) if modes[-1] != "split" else split)
             torch.testing.assert_close(got, want)
             for ours, theirs in zip(program.stages, reference.stages):
                 torch.testing.assert_close(ours.module.state_dict(), theirs.module.state_dict())

@@ -206,10 +206,12 @@ class PipelineRuntime:
             )
         return self._schedules[num_microbatches]
 
-    def _worker_actions(self, schedule: Schedule) -> dict[int, tuple[Action, ...]]:
+    def _worker_actions(
+        self, schedule: Schedule, one_thread: bool
+    ) -> dict[int, tuple[Action, ...]]:
         """Each worker's actions for a run of ``schedule``: its IPU's, or with one thread for
         all every stage's, in the order of the schedule placed on that one IPU."""
-        if len(self._workers) == len(self.devices):
+        if not one_thread:
             return {ipu: schedule.ipu_actions[ipu] for ipu in self._workers}
         (home,) = self._workers
         m = schedule.num_microbatches
@@ -263,12 +265,13 @@ class PipelineRuntime:
         resplit, self._given = self._given != self.cores.threads, dict(self.cores.threads)
         mode = self.cores.mode()  # See [Note: cores follow the work]
         one_thread = self._always_one_thread or mode == "one thread"
+        switched = self._workers is not self._worker_set(one_thread)
         self._workers = self._worker_set(one_thread)
         self._by_stage = {s: w for w in self._workers.values() for s in w.stages}
         start = time.perf_counter()
         if one_thread:
             release_team()  # the caller's: See [Note: one thread for a sharded program]
-        per_worker = self._worker_actions(schedule)
+        per_worker = self._worker_actions(schedule, one_thread)
         for ipu, worker in self._workers.items():
             threads = self.cores.cores if mode == "one thread" else self.cores.threads[ipu]
             job = Job(
@@ -280,6 +283,7 @@ class PipelineRuntime:
                 schedule.serial,
                 threads,
                 lend=mode == "lent",
+                recount=switched,
             )
             worker.inbox.put(job)
         self._pending = set(self._workers)

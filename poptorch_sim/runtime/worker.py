@@ -64,6 +64,7 @@ class Job:
     serial: bool = False  # the caller feeds micro-batch m+1 on the last stage's Output of m
     threads: int | None = None  # intra-op threads for this run (See [Note: cores follow the work])
     lend: bool = False  # compute actions borrow their threads from the worker's budget
+    recount: bool = False  # show the thread count on the trace again (other workers ran since)
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,8 @@ class IpuWorker:
         if job.threads is not None:
             self.threads = job.threads
         self._lending = job.lend and self.budget is not None
+        if job.recount:
+            self._count_threads(self._running)
         if not self._lending:
             self._use_threads(self.threads)
 
