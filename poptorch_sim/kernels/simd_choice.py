@@ -367,8 +367,8 @@ def simd_report(path: Path | None = None) -> str:
 
     >>> print(simd_report())  # doctest: +SKIP
     CPU: Intel(R) Xeon(R) Processor (16 cores), supports avx512, cap avx512
-    family                   base     avx2   avx512  runs
-    sort_rows_16_16bit      0.152    0.095    0.087  avx512
+    family                    base     avx2   avx512  runs
+    sort_rows_16_16bit       0.152    0.095    0.087  avx512
     ...
     """
     if path is None:
@@ -378,7 +378,7 @@ def simd_report(path: Path | None = None) -> str:
     lines = [
         f"CPU: {cpu_model()} ({os.cpu_count()} cores), supports {engine.supported_simd_level()}, "
         f"cap {engine.simd_level()}",
-        f"{'family':<20} " + " ".join(f"{lv:>8}" for lv in engine.SIMD_LEVELS) + "  runs",
+        f"{'family':<21} " + " ".join(f"{lv:>8}" for lv in engine.SIMD_LEVELS) + "  runs",
     ]
     levels = engine.SIMD_LEVELS
     for family in engine.simd_families():
@@ -386,5 +386,5 @@ def simd_report(path: Path | None = None) -> str:
         cells = " ".join(
             f"{times[lv] * 1e3:8.3f}" if lv in times else f"{'-':>8}" for lv in levels
         )
-        lines.append(f"{family:<20} {cells}  {engine.simd_family_level(family)}")
+        lines.append(f"{family:<21} {cells}  {engine.simd_family_level(family)}")
     return "\n".join(lines)
