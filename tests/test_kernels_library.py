@@ -43,6 +43,7 @@ SCHEMAS = [
     "poptorch_sim::engine_set_simd_level(str level) -> str",
     "poptorch_sim::engine_simd_families() -> str[]",
     "poptorch_sim::engine_simd_family_level(str family) -> str",
+    "poptorch_sim::engine_simd_family_runs(str family) -> int[]",
     "poptorch_sim::engine_simd_level() -> str",
     "poptorch_sim::engine_supported_simd_level() -> str",
     "poptorch_sim::grad_norm(Tensor[] grads, float loss_scaling) -> Tensor",

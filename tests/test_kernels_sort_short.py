@@ -137,6 +137,28 @@ def test_streamed_wide_keys_match_stable_torch_sort(dtype: torch.dtype, level: s
             _check(x, descending=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64], ids=str)
+@pytest.mark.parametrize("level", LEVELS)
+def test_one_run_of_equal_windows_anywhere_in_the_row(dtype: torch.dtype, level: str) -> None:
+    # Keys spread over more than 2^32, all in windows of their own but for one pair, which
+    # differs in its low bits only and is given in reverse order: smallest, in the middle or
+    # largest, in rows of every length the tie scan's chunks (4W pairs) cover differently.
+    g = torch.Generator().manual_seed(23)
+    for n in (3, 9, 17, 31, 33, 40, 64, 65, 70, 100, 129):
+        for rank in sorted({0, n // 2, n - 2}):
+            keys = torch.arange(n, dtype=torch.int64) - n // 2
+            keys[rank + 1] = keys[rank]
+            if dtype == torch.int64:
+                x = (keys << 40) + (torch.arange(n) == rank)  # the pair: low bits 1 then 0
+            else:
+                x = torch.ldexp(1.0 + keys.double() / n, keys.double().clamp(-10, 10).long())
+                x[rank] = torch.nextafter(x[rank], torch.tensor(float("inf"), dtype=x.dtype))
+            x = x[torch.randperm(n, generator=g)].repeat(3, 1)
+            with kernels.simd(level), kernels.tiles(1):
+                _check(x)
+                _check(x, descending=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int16], ids=str)
 @pytest.mark.parametrize("level", LEVELS)
 def test_16_bit_keys_without_nan_match_stable_torch_sort(dtype: torch.dtype, level: str) -> None:

@@ -39,10 +39,10 @@ std::atomic<Level>& current() {
 std::atomic<bool> pinned{false};  // set_level named a level: it overrides the choices
 
 constexpr int kFamilies = static_cast<int>(Family::kCount);
-constexpr int kNoChoice = -1;
-std::atomic<int> choices[kFamilies] = {kNoChoice, kNoChoice, kNoChoice, kNoChoice,
-                                       kNoChoice, kNoChoice, kNoChoice, kNoChoice};
-static_assert(kFamilies == 8, "one initial choice per family");
+constexpr int kLevels = static_cast<int>(Level::kAvx512) + 1;
+// Each family's measured choice, as its level + 1 (0, where static storage starts: none).
+std::atomic<int> choices[kFamilies];
+std::atomic<int64_t> run_counts[kFamilies][kLevels];
 
 int family_index(const std::string& family) {
   const auto& names = family_names();
@@ -64,24 +64,50 @@ int family_index(const std::string& family) {
 Level level(Family family) {
   const Level cap = level();
   const int choice = choices[static_cast<int>(family)].load(std::memory_order_relaxed);
-  if (choice == kNoChoice || pinned.load(std::memory_order_relaxed)) {
+  if (choice == 0 || pinned.load(std::memory_order_relaxed)) {
     return cap;
   }
-  return std::min(cap, static_cast<Level>(choice));
+  return std::min(cap, static_cast<Level>(choice - 1));
+}
+
+Level run_level(Family family) {
+  const Level chosen = level(family);
+  run_counts[static_cast<int>(family)][static_cast<int>(chosen)].fetch_add(
+      1, std::memory_order_relaxed);
+  return chosen;
+}
+
+std::vector<int64_t> runs(Family family) {
+  std::vector<int64_t> counts;
+  for (const auto& count : run_counts[static_cast<int>(family)]) {
+    counts.push_back(count.load(std::memory_order_relaxed));
+  }
+  return counts;
 }
 
 const std::vector<std::string>& family_names() {
-  static const std::vector<std::string> names = {
-      "sort_rows_16", "sort_rows_256", "sort_rows_4096", "sort_rows_32768",
-      "sort_long",    "nms",           "accumulate",     "optimizer"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all;
+    for (const char* length : {"16", "256", "4096", "32768"}) {
+      for (const char* bits : {"16", "32", "64"}) {
+        all.push_back(std::string("sort_rows_") + length + "_" + bits + "bit");
+      }
+    }
+    for (const char* name : {"sort_long_16bit", "sort_long_32bit", "nms", "accumulate",
+                             "optimizer"}) {
+      all.push_back(name);
+    }
+    TORCH_INTERNAL_ASSERT(all.size() == kFamilies, "one name per simd::Family");
+    return all;
+  }();
   return names;
 }
 
 std::string set_choice(const std::string& family, const std::string& text) {
   const int index = family_index(family);
-  const int wanted = text.empty() ? kNoChoice : static_cast<int>(parse(text));
+  const int wanted = text.empty() ? 0 : static_cast<int>(parse(text)) + 1;
   const int previous = choices[index].exchange(wanted, std::memory_order_relaxed);
-  return previous == kNoChoice ? "" : name(static_cast<Level>(previous));
+  return previous == 0 ? "" : name(static_cast<Level>(previous - 1));
 }
 
 Level supported() {

@@ -20,6 +20,7 @@
 // capped at avx2, it picked base for the long-row sorts, 2.21 against 2.28 ms.)
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,14 +33,26 @@ namespace simd {
 enum class Level { kBase = 0, kAvx2 = 1, kAvx512 = 2 };
 
 // Kernel families that run their measured variant (see [Note: measured variants]). The bitonic
-// row sort by row length class (up to 16, 256, 4096 and 32768 items), the sorts of longer rows
-// (scatter sort, base cases), NMS, accumulation and the optimizer steps.
+// row sort by row length class (up to 16, 256, 4096 and 32768 items) and key width (16-bit keys
+// run the network on 32-bit items past 16 items, 64-bit keys the window of [Note: wide keys],
+// the others the packed 64-bit items: see sorting::row_sort_family), the sorts of longer rows
+// (scatter sort, base cases) of 16-bit and of 32-bit keys (64-bit keys have no SIMD variants
+// there), NMS, accumulation and the optimizer steps.
 enum class Family {
-  kSortRows16,
-  kSortRows256,
-  kSortRows4096,
-  kSortRows32768,
-  kSortLong,
+  kSortRows16Bits16,
+  kSortRows16Bits32,
+  kSortRows16Bits64,
+  kSortRows256Bits16,
+  kSortRows256Bits32,
+  kSortRows256Bits64,
+  kSortRows4096Bits16,
+  kSortRows4096Bits32,
+  kSortRows4096Bits64,
+  kSortRows32768Bits16,
+  kSortRows32768Bits32,
+  kSortRows32768Bits64,
+  kSortLongBits16,
+  kSortLongBits32,
   kNms,
   kAccumulate,
   kOptimizer,
@@ -53,8 +66,16 @@ Level level();
 // choice or set_level pinned the level.
 Level level(Family family);
 
-// The families' names (sort_rows_16, ..., optimizer), in Family order.
+// The families' names (sort_rows_16_16bit, ..., optimizer), in Family order.
 const std::vector<std::string>& family_names();
+
+// level(family), counted as one run of that variant (see runs): what a kernel reads once per
+// call to pick its variant.
+Level run_level(Family family);
+
+// How many times run_level gave each variant of `family` in this process, in Level order (base,
+// avx2, avx512): which variant the kernels of a family ran, for the tests and reports.
+std::vector<int64_t> runs(Family family);
 
 // Sets `family`'s measured choice to `level` (a level name, or "" for none) and returns the
 // previous one ("" for none). Throws for an unknown family or level.

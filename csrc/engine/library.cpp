@@ -38,15 +38,23 @@ std::string engine_set_simd_choice(std::string family, std::string level) {
   return simd::set_choice(family, level);
 }
 
-std::string engine_simd_family_level(std::string family) {
+simd::Family family_named(const std::string& family) {
   const auto& names = simd::family_names();
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == family) {
-      return simd::name(simd::level(static_cast<simd::Family>(i)));
+      return static_cast<simd::Family>(i);
     }
   }
   simd::set_choice(family, "");  // throws: unknown family
-  return "";
+  return simd::Family::kCount;
+}
+
+std::string engine_simd_family_level(std::string family) {
+  return simd::name(simd::level(family_named(family)));
+}
+
+std::vector<int64_t> engine_simd_family_runs(std::string family) {
+  return simd::runs(family_named(family));
 }
 
 }  // namespace
@@ -65,4 +73,5 @@ TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
   m.def("engine_set_simd_choice(str family, str level) -> str",
         &poptorch_sim::engine_set_simd_choice);
   m.def("engine_simd_family_level(str family) -> str", &poptorch_sim::engine_simd_family_level);
+  m.def("engine_simd_family_runs(str family) -> int[]", &poptorch_sim::engine_simd_family_runs);
 }

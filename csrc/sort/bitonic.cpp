@@ -37,9 +37,9 @@ void sort_small_base(uint64_t* items, int64_t n) {
 
 }  // namespace
 
-void sort_small(uint64_t* items, int64_t n) {
+void sort_small(uint64_t* items, int64_t n, simd::Level level) {
   TORCH_CHECK(n <= kBitonicBaseMax, "poptorch_sim: bitonic::sort_small got ", n, " items");
-  simd::pick(simd::level(simd::Family::kSortLong), &sort_small_avx512, &sort_small_avx2, &sort_small_base)(items, n);
+  simd::pick(level, &sort_small_avx512, &sort_small_avx2, &sort_small_base)(items, n);
 }
 
 }  // namespace bitonic

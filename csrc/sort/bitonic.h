@@ -140,9 +140,9 @@ POPSIM_BITONIC_VARIANT(_base, , native, 2, 0)
 POPSIM_BITONIC_VARIANT(_8_lanes_avx2, POPSIM_AVX2, split, 8, 0)
 #undef POPSIM_BITONIC_VARIANT
 
-// Sorts packed items[0, n), given in index order, ascending in place with the current level's
+// Sorts packed items[0, n), given in index order, ascending in place with SIMD variant `level`'s
 // network; n is at most kBitonicBaseMax. Defined in bitonic.cpp.
-void sort_small(uint64_t* items, int64_t n);
+void sort_small(uint64_t* items, int64_t n, simd::Level level);
 
 }  // namespace bitonic
 }  // namespace sorting

@@ -182,9 +182,9 @@ void lsd_sort(uint64_t* items, uint64_t* scratch, int64_t n, int top) {
 // [Note: sort keys] items arrive ordered by index, so sorting by high word alone (stably)
 // sorts them completely. Large inputs take one most-significant-digit scatter per level until
 // the buckets fit in cache, where least-significant-digit passes finish them.
-void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
+void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n, simd::Level level) {
   if (n <= bitonic::kBitonicBaseMax) {
-    bitonic::sort_small(items, n);
+    bitonic::sort_small(items, n, level);
     return;
   }
   const uint32_t diff = differing_bits(items, n);
@@ -203,7 +203,7 @@ void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n) {
   for (size_t g = 0; g + 1 < group_starts.size(); ++g) {
     const int64_t lo = group_starts[g];
     const int64_t size = static_cast<int64_t>(group_starts[g + 1]) - lo;
-    radix_sort_high_words(scratch + lo, items + lo, size);
+    radix_sort_high_words(scratch + lo, items + lo, size, level);
     std::memcpy(items + lo, scratch + lo, static_cast<size_t>(size) * sizeof(uint64_t));
   }
 }

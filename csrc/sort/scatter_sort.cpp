@@ -194,13 +194,14 @@ const uint64_t* lsd_sort_group(
 }
 
 // Sorts a group's items (in index order) by key bits [0, top]; returns the result's buffer.
-const uint64_t* sort_group(const uint64_t* src, int64_t m, int top, uint64_t* a, uint64_t* b) {
+const uint64_t* sort_group(const uint64_t* src, int64_t m, int top, uint64_t* a, uint64_t* b,
+                           simd::Level level) {
   if (top < 0 || m <= 1) {
     return src;
   }
   if (m <= bitonic::kBitonicBaseMax) {
     std::memcpy(a, src, static_cast<size_t>(m) * sizeof(uint64_t));
-    bitonic::sort_small(a, m);
+    bitonic::sort_small(a, m, level);
     return a;
   }
   const int passes = top / kLsdBits + 1;
@@ -301,7 +302,7 @@ void exchange(
 // Superstep 5: every stream sorts the groups that start in its range and writes them out.
 void sort_groups(
     const Streams& streams, const Groups& groups, int shift, const uint64_t* items,
-    const Emit& emit, KernelScope& scope) {
+    const Emit& emit, KernelScope& scope, simd::Level level) {
   scope.superstep(streams.count, [&](int64_t s) {
     thread_local std::vector<uint64_t> a;
     thread_local std::vector<uint64_t> b;
@@ -315,7 +316,7 @@ void sort_groups(
         b.resize(static_cast<size_t>(m));
       }
       const uint64_t* sorted =
-          sort_group(items + *it, m, group_top_bit(groups, g, shift), a.data(), b.data());
+          sort_group(items + *it, m, group_top_bit(groups, g, shift), a.data(), b.data(), level);
       emit(sorted, m, *it);
     }
   }, streams.n);
@@ -326,7 +327,7 @@ void sort_groups(
 // See [Note: scatter sort] in scatter_sort.h for the steps.
 bool scatter_sort_row(
     int64_t n, int64_t tiles, KernelScope& scope, uint64_t* items, const KeyChunk& keys,
-    const Emit& emit) {
+    const Emit& emit, simd::Level level) {
   const Streams streams{n, tiles * kStreamsPerTile};
   std::vector<uint32_t> counts(static_cast<size_t>(streams.count * kMsdBuckets), 0u);
   const uint32_t diff = build_and_count(streams, keys, scope, counts);
@@ -347,7 +348,7 @@ bool scatter_sort_row(
   }
   exchange(streams, keys, groups, stream_cursors(counts, groups, streams.count), shift, items,
            scope);
-  sort_groups(streams, groups, shift, items, emit, scope);
+  sort_groups(streams, groups, shift, items, emit, scope, level);
   scope.add_supersteps(1);  // the write-out ran fused into the sort
   const double log_chunk = std::max(1.0, std::log2(static_cast<double>(n) / tiles));
   scope.add_compare_exchanges(static_cast<int64_t>(static_cast<double>(n) * log_chunk));

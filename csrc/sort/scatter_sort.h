@@ -40,11 +40,12 @@ using KeyChunk = std::function<uint32_t(int64_t lo, int64_t hi, uint32_t* keys)>
 // Writes `count` sorted items (key << 32 | index) out as output elements [pos, pos + count).
 using Emit = std::function<void(const uint64_t* items, int64_t count, int64_t pos)>;
 
-// The scatter sort of one row of n elements, exchanging through `items` (n entries). Returns
-// false, having written nothing, when the keys are too skewed to spread over the tiles.
+// The scatter sort of one row of n elements, exchanging through `items` (n entries), its groups'
+// base cases in SIMD variant `level`. Returns false, having written nothing, when the keys are
+// too skewed to spread over the tiles.
 bool scatter_sort_row(
     int64_t n, int64_t tiles, KernelScope& scope, uint64_t* items, const KeyChunk& keys,
-    const Emit& emit);
+    const Emit& emit, simd::Level level);
 
 // Makes the keys of in[0, count) (see KeyChunk); ORs the flags of inexact keys into `flags`.
 template <typename Codec, typename scalar_t>
@@ -81,15 +82,15 @@ POPSIM_SORT_LOOPS(_avx2, POPSIM_AVX2)
 POPSIM_SORT_LOOPS(_base, )
 #undef POPSIM_SORT_LOOPS
 
-// The scatter sort of one row of packed items, writing values (unless null) and indices.
+// The scatter sort of one row of packed items in SIMD variant `level`, writing values (unless
+// null) and indices.
 template <typename Codec, typename scalar_t>
 bool scatter_sort_into(
     const scalar_t* in, int64_t n, uint32_t flip, int64_t tiles, KernelScope& scope,
-    uint64_t* items, scalar_t* values, int64_t* indices) {
+    uint64_t* items, scalar_t* values, int64_t* indices, simd::Level level) {
   std::atomic<uint32_t> flags{0};
   uint32_t unused = 0;
   const uint32_t reference = Codec::key(in[0], unused) ^ flip;
-  const simd::Level level = simd::level(simd::Family::kSortLong);
   const auto make_keys_variant = simd::pick(level, &make_keys_avx512<Codec, scalar_t>,
                                             &make_keys_avx2<Codec, scalar_t>,
                                             &make_keys_base<Codec, scalar_t>);
@@ -109,7 +110,7 @@ bool scatter_sort_into(
     scalar_t* out = values ? values + pos : nullptr;
     write_items_variant(sorted, count, in, flip, gather, out, indices + pos);
   };
-  return scatter_sort_row(n, tiles, scope, items, keys, emit);
+  return scatter_sort_row(n, tiles, scope, items, keys, emit, level);
 }
 
 }  // namespace sorting

@@ -50,11 +50,18 @@ Item* workspace(int slot, int64_t n) {
   return static_cast<Item*>(slots[slot].reserve(static_cast<size_t>(n) * sizeof(Item)));
 }
 
+// Rows longer than the bitonic network's, one at a time over all tiles: the scatter sort, else
+// per-tile sorts and merges.
 template <typename Codec, typename scalar_t>
 void sort_rows_tiled(
     const scalar_t* in, int64_t rows, int64_t n, uint32_t flip, scalar_t* values,
     int64_t* indices, KernelScope& scope) {
   using Item = typename Codec::Item;
+  constexpr bool kPacked = std::is_same<Item, uint64_t>::value;
+  simd::Level level = simd::Level::kBase;  // 64-bit keys: scalar code, no SIMD variants
+  if constexpr (kPacked) {
+    level = simd::run_level(long_sort_family<scalar_t>());
+  }
   const int64_t tiles = engine::num_tiles();
   Item* buf = workspace<Item>(0, n);
   Item* scratch = workspace<Item>(1, n);
@@ -62,51 +69,26 @@ void sort_rows_tiled(
     uint32_t flags = 0;
     const scalar_t* row_in = in + row * n;
     scalar_t* row_values = values ? values + row * n : nullptr;
-    if constexpr (std::is_same<Item, uint64_t>::value) {
+    if constexpr (kPacked) {
       if (std::min(tiles, (n + 15) / 16) > 1 && n >= kScatterSortMin &&
           scatter_sort_into<Codec>(row_in, n, flip, tiles, scope, buf, row_values,
-                                   indices + row * n)) {
+                                   indices + row * n, level)) {
         continue;
       }
     }
-    Item* sorted = tile_sort_row<Codec>(row_in, n, flip, tiles, scope, buf, scratch, flags);
+    Item* sorted =
+        tile_sort_row<Codec>(row_in, n, flip, tiles, scope, buf, scratch, flags, level);
     // Four work units per tile, claimed one by one (see [Note: tile pool]).
     write_sorted<Codec>(sorted, n, row_in, flip, flags != 0, row_values, indices + row * n,
                         tiles * 4, &scope);
   }
 }
 
-// Many short rows: each tile sorts whole rows on its own (no exchange needed).
-template <typename Codec, typename scalar_t>
-void sort_rows_per_tile(
-    const scalar_t* in, int64_t rows, int64_t n, uint32_t flip, scalar_t* values,
-    int64_t* indices, KernelScope& scope) {
-  using Item = typename Codec::Item;
-  const int64_t tiles = std::min(engine::num_tiles(), rows);
-  scope.superstep(tiles, [&](int64_t tile) {
-    std::unique_ptr<Item[]> buf(new Item[n]);
-    std::unique_ptr<Item[]> scratch(new Item[n]);
-    for (int64_t row = split_point(rows, tiles, tile); row < split_point(rows, tiles, tile + 1);
-         ++row) {
-      uint32_t flags = 0;
-      const scalar_t* row_in = in + row * n;
-      for (int64_t i = 0; i < n; ++i) {
-        buf[i] = Codec::make(row_in[i], i, flip, flags);
-      }
-      Codec::local_sort(buf.get(), scratch.get(), n);
-      write_sorted<Codec>(buf.get(), n, row_in, flip, flags != 0,
-                          values ? values + row * n : nullptr, indices + row * n, 1, nullptr);
-    }
-  }, rows * n);
-  const double log_n = std::max(1.0, std::log2(static_cast<double>(n)));
-  scope.add_compare_exchanges(static_cast<int64_t>(static_cast<double>(rows * n) * log_n));
-}
-
 // Longest row sorted whole by the bitonic network (see [Note: bitonic network]), one tile per
 // row, even for a single row. Measured (2026-11-23, 2-vCPU EPYC) against the scatter sort and
-// sort_rows_per_tile (float32, medians of 9): faster up to 2^15 items (1 x 32768: 0.38 against
-// 0.53 ms; 8 x 32768: 1.65 against 3.79 ms; 64 x 16384: 4.7 against 5.5 ms), either way at 2^16,
-// slower from 2^17 (1 x 131072: 1.81 against 1.03 ms).
+// per-tile sorts of whole rows (float32, medians of 9): faster up to 2^15 items (1 x 32768: 0.38
+// against 0.53 ms; 8 x 32768: 1.65 against 3.79 ms; 64 x 16384: 4.7 against 5.5 ms), either way at
+// 2^16, slower from 2^17 (1 x 131072: 1.81 against 1.03 ms).
 constexpr int64_t kBitonicRowMax = int64_t{1} << 15;
 static_assert(kBitonicRowMax <= (int64_t{1} << bitonic::kIndexBits),
               "the network's items hold indices of kIndexBits bits");
@@ -124,16 +106,13 @@ void sort_rows_bitonic(
     int64_t* indices, KernelScope& scope, RowSort<scalar_t> sort_rows = nullptr) {
   const int64_t tiles = std::min(engine::num_tiles(), rows);
   if (sort_rows == nullptr) {
-    const simd::Family family = n <= 16     ? simd::Family::kSortRows16
-                                : n <= 256  ? simd::Family::kSortRows256
-                                : n <= 4096 ? simd::Family::kSortRows4096
-                                            : simd::Family::kSortRows32768;
+    const simd::Level level = simd::run_level(row_sort_family<scalar_t>(n));
     if constexpr (bitonic::kWideKeys<scalar_t>) {  // see [Note: wide keys]
-      sort_rows = simd::pick(simd::level(family), &bitonic::sort_wide_rows_avx512<Codec, scalar_t>,
+      sort_rows = simd::pick(level, &bitonic::sort_wide_rows_avx512<Codec, scalar_t>,
                              &bitonic::sort_wide_rows_avx2<Codec, scalar_t>,
                              &bitonic::sort_wide_rows_base<Codec, scalar_t>);
     } else {
-      sort_rows = simd::pick(simd::level(family), &bitonic::sort_rows_avx512<Codec, scalar_t>,
+      sort_rows = simd::pick(level, &bitonic::sort_rows_avx512<Codec, scalar_t>,
                              &bitonic::sort_rows_avx2<Codec, scalar_t>,
                              &bitonic::sort_rows_base<Codec, scalar_t>);
     }
@@ -198,11 +177,7 @@ void sort_last_dim(
         return;
       }
     }
-    if (rows >= 2 && n < (int64_t{1} << 15)) {
-      sort_rows_per_tile<Codec>(in, rows, n, flip, out, idx, scope);
-    } else {
-      sort_rows_tiled<Codec>(in, rows, n, flip, out, idx, scope);
-    }
+    sort_rows_tiled<Codec>(in, rows, n, flip, out, idx, scope);
   });
 }
 

@@ -121,7 +121,7 @@ struct Codec32 {
       return static_cast<scalar_t>(static_cast<int32_t>(k ^ 0x80000000u));
     }
   }
-  static void local_sort(Item* items, Item* scratch, int64_t n);
+  static void local_sort(Item* items, Item* scratch, int64_t n, simd::Level level);
 };
 
 // Codec for 64-bit values: item = {key, index}.
@@ -154,22 +154,48 @@ struct Codec64 {
       return static_cast<scalar_t>(double_from_key(k));
     }
   }
-  static void local_sort(Item* items, Item* /*scratch*/, int64_t n) { std::sort(items, items + n); }
+  static void local_sort(Item* items, Item* /*scratch*/, int64_t n, simd::Level /*level*/) {
+    std::sort(items, items + n);
+  }
 };
 
 // Sorts packed items whose low words are already ascending (as built) by their high words:
-// radix sort with digits of at most 12 bits, skipping digits every item shares.
-void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n);
+// radix sort with digits of at most 12 bits, skipping digits every item shares; its base cases
+// in SIMD variant `level`.
+void radix_sort_high_words(uint64_t* items, uint64_t* scratch, int64_t n, simd::Level level);
 
 template <typename scalar_t>
-void Codec32<scalar_t>::local_sort(Item* items, Item* scratch, int64_t n) {
+void Codec32<scalar_t>::local_sort(Item* items, Item* scratch, int64_t n, simd::Level level) {
   if (n <= bitonic::kBitonicBaseMax) {
-    bitonic::sort_small(items, n);
+    bitonic::sort_small(items, n, level);
   } else if (n <= 256) {
     std::sort(items, items + n);
   } else {
-    radix_sort_high_words(items, scratch, n);
+    radix_sort_high_words(items, scratch, n, level);
   }
+}
+
+// The kernel family (see [Note: measured variants] in common/simd.h) of the bitonic sort of rows
+// of n items of scalar_t (n at most 2^15, sort.cpp's kBitonicRowMax): by row length class and
+// key width. 8-bit keys count as 32-bit ones: they make the same packed items.
+template <typename scalar_t>
+simd::Family row_sort_family(int64_t n) {
+  using simd::Family;
+  static_assert(static_cast<int>(Family::kSortRows32768Bits64) ==
+                    static_cast<int>(Family::kSortRows16Bits16) + 11,
+                "row sort families: 4 length classes of 3 key widths, in that order");
+  constexpr int width = sizeof(scalar_t) == 2 ? 0 : sizeof(scalar_t) == 8 ? 2 : 1;
+  const int length = n <= 16 ? 0 : n <= 256 ? 1 : n <= 4096 ? 2 : 3;
+  return static_cast<Family>(static_cast<int>(Family::kSortRows16Bits16) + 3 * length + width);
+}
+
+// The kernel family of the sorts of rows longer than the bitonic network's of at most 32-bit
+// values of scalar_t (64-bit ones have no SIMD variants there: their items are sorted and merged
+// by scalar code).
+template <typename scalar_t>
+constexpr simd::Family long_sort_family() {
+  static_assert(sizeof(scalar_t) <= 4, "no SIMD variants of the long-row sort of 64-bit keys");
+  return sizeof(scalar_t) == 2 ? simd::Family::kSortLongBits16 : simd::Family::kSortLongBits32;
 }
 
 // Merges two sorted runs starting at output rank `lo` for `count` items (merge path).
@@ -228,12 +254,13 @@ template <typename Item>
 Item* merge_tiles(Item* buf, Item* scratch, int64_t n, int64_t tiles, KernelScope& scope);
 
 // Sorts one row over `tiles` tiles: each tile builds and sorts the items of its slice
-// (superstep 1), then ceil(log2 tiles) merge supersteps follow. Returns the buffer holding
-// the result.
+// (superstep 1, in SIMD variant `level`), then ceil(log2 tiles) merge supersteps follow. Returns
+// the buffer holding the result.
 template <typename Codec, typename scalar_t>
 typename Codec::Item* tile_sort_row(
     const scalar_t* in, int64_t n, uint32_t flip, int64_t tiles, KernelScope& scope,
-    typename Codec::Item* buf, typename Codec::Item* scratch, uint32_t& flags) {
+    typename Codec::Item* buf, typename Codec::Item* scratch, uint32_t& flags,
+    simd::Level level) {
   tiles = std::max<int64_t>(1, std::min(tiles, (n + 15) / 16));
   std::atomic<uint32_t> shared_flags{0};
   scope.superstep(tiles, [&](int64_t tile) {
@@ -243,7 +270,7 @@ typename Codec::Item* tile_sort_row(
     for (int64_t i = lo; i < hi; ++i) {
       buf[i] = Codec::make(in[i], i, flip, local);
     }
-    Codec::local_sort(buf + lo, scratch + lo, hi - lo);
+    Codec::local_sort(buf + lo, scratch + lo, hi - lo, level);
     shared_flags.fetch_or(local, std::memory_order_relaxed);
   }, n);
   flags |= shared_flags.load();

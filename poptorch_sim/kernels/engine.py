@@ -33,6 +33,7 @@ __all__ = [
     "simd",
     "simd_families",
     "simd_family_level",
+    "simd_family_runs",
     "simd_level",
     "supported_simd_level",
     "tiles",
@@ -218,13 +219,34 @@ def set_simd_level(level: str) -> str:
 
 
 def simd_families() -> list[str]:
-    """Returns the kernel families that run their measured SIMD variant (``sort_rows_16``, ...)."""
+    """Returns the kernel families that run their measured SIMD variant.
+
+    The row sorts by length class and key width (``sort_rows_16_16bit``, ...,
+    ``sort_rows_32768_64bit``), the long-row sorts (``sort_long_16bit``, ``sort_long_32bit``),
+    ``nms``, ``accumulate`` and ``optimizer``.
+    """
     return [str(name) for name in torch.ops.poptorch_sim.engine_simd_families()]
 
 
 def simd_family_level(family: str) -> str:
     """Returns the SIMD variant ``family`` runs now (its measured choice under the cap)."""
     return str(torch.ops.poptorch_sim.engine_simd_family_level(family))
+
+
+def simd_family_runs(family: str) -> dict[str, int]:
+    """Returns how many kernel calls ran each SIMD variant of ``family`` in this process.
+
+    Counted by the sorts (each call of the row sorts, each call of the long-row sorts), the
+    chooser's samples included.
+
+    >>> before = simd_family_runs("sort_rows_256_32bit")
+    >>> _ = torch.ops.poptorch_sim.sort(torch.randn(4, 100))
+    >>> level = simd_family_level("sort_rows_256_32bit")
+    >>> simd_family_runs("sort_rows_256_32bit")[level] - before[level]
+    1
+    """
+    counts = torch.ops.poptorch_sim.engine_simd_family_runs(family)
+    return dict(zip(SIMD_LEVELS, (int(count) for count in counts), strict=True))
 
 
 def set_simd_choice(family: str, level: str) -> str:

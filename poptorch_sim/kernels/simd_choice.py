@@ -1,11 +1,12 @@
 """Runs each kernel family in the SIMD variant measured fastest on this CPU.
 
 The widest variant is not always the fastest (``[Note: measured variants]`` in ``csrc/common/simd.h``),
-so the first time a kernel family runs in a process (a sort of one row length class, NMS,
-accumulation, an optimizer step: see :func:`first_use`), :func:`ensure` times every variant
-``POPTORCH_SIM_SIMD`` allows on a small sample, one tile, and keeps the fastest. The times are
-cached per CPU model and build of the extension in ``$XDG_CACHE_HOME/poptorch_sim/simd_choice.json``
-(``~/.cache`` by default), one entry per family, so a family is measured once per machine:
+so the first time a kernel family runs in a process (a sort of one row length class and key
+width, NMS, accumulation, an optimizer step: see :func:`first_use`), :func:`ensure` times every
+variant ``POPTORCH_SIM_SIMD`` allows on a small sample, one tile, and keeps the fastest. The
+times are cached per CPU model and build of the extension in
+``$XDG_CACHE_HOME/poptorch_sim/simd_choice.json`` (``~/.cache`` by default), one entry per
+family, so a family is measured once per machine:
 importing poptorch_sim only reads the choices the file holds (:func:`load`) and measures
 nothing. The op wrappers of :mod:`.sorting` and :mod:`.optim` call :func:`first_use`; a kernel
 called through ``torch.ops.poptorch_sim`` directly runs the cached choice, else the widest
@@ -56,7 +57,9 @@ __all__ = [
     "sort_family",
 ]
 
-_VERSION = 1
+# 2: the sorts' families by key width (sort_rows_256_16bit, ...), where 1 had one per row
+# length class (sort_rows_256, ...), timed on float32 for every width.
+_VERSION = 2
 Timer = Callable[[str, str], float]
 
 
@@ -316,33 +319,41 @@ def _runs_kernels(tensors: tuple[Tensor, ...]) -> bool:
     )
 
 
-def first_use(family: str, *tensors: Tensor) -> None:
+def first_use(family: str | None, *tensors: Tensor) -> None:
     """Chooses ``family``'s variant before its first kernel runs in this process (:func:`ensure`).
 
     Nothing is done once it is chosen, nor for calls that will not run the C++ kernels here
     (operands on CUDA, fake or traced tensors, ``torch.compile`` tracing).
 
     Args:
-        family: one of :func:`.engine.simd_families`.
+        family: one of :func:`.engine.simd_families`, or ``None`` for kernels without SIMD
+            variants (:func:`sort_family` of long rows of 64-bit keys).
         tensors: the call's operands (one of each list is enough).
     """
-    if family in _settled or not _runs_kernels(tensors):
+    if family is None or family in _settled or not _runs_kernels(tensors):
         return
     ensure(family)
 
 
-def sort_family(input: Tensor, dim: int = -1) -> str:
-    """Returns the family that sorts ``input`` along ``dim`` (``csrc/sort/sort.cpp``).
+def sort_family(input: Tensor, dim: int = -1) -> str | None:
+    """Returns the family that sorts ``input`` along ``dim`` (``row_sort_family`` in
+    ``csrc/sort/sort.h``), ``None`` where that sort has no SIMD variants.
 
-    Rows of up to 2^15 items take the bitonic network, by row length class; longer rows the
-    long-row sorts (``sort_long``). A ``dim`` out of range counts as rows of one item.
+    Rows of up to 2^15 items take the bitonic network, by row length class and key width (16,
+    32 or 64 bits; 8-bit keys count as 32-bit ones); longer rows the long-row sorts
+    (``sort_long_16bit``, ``sort_long_32bit``; those of 64-bit keys are scalar code: ``None``).
+    A ``dim`` out of range counts as rows of one item.
+
+    >>> sort_family(torch.zeros(3, 100, dtype=torch.float16))
+    'sort_rows_256_16bit'
     """
     rank = input.dim()
     n = input.shape[dim] if rank and -rank <= dim < rank else 1
+    bits = {2: 16, 8: 64}.get(input.element_size(), 32)
     for limit in (16, 256, 4096, 32768):
         if n <= limit:
-            return f"sort_rows_{limit}"
-    return "sort_long"
+            return f"sort_rows_{limit}_{bits}bit"
+    return None if bits == 64 else f"sort_long_{bits}bit"
 
 
 def simd_report(path: Path | None = None) -> str:
@@ -356,8 +367,8 @@ def simd_report(path: Path | None = None) -> str:
 
     >>> print(simd_report())  # doctest: +SKIP
     CPU: Intel(R) Xeon(R) Processor (16 cores), supports avx512, cap avx512
-    family               base     avx2   avx512  runs
-    sort_rows_16        0.152    0.095    0.087  avx512
+    family                    base     avx2   avx512  runs
+    sort_rows_16_16bit       0.152    0.095    0.087  avx512
     ...
     """
     if path is None:
@@ -367,7 +378,7 @@ def simd_report(path: Path | None = None) -> str:
     lines = [
         f"CPU: {cpu_model()} ({os.cpu_count()} cores), supports {engine.supported_simd_level()}, "
         f"cap {engine.simd_level()}",
-        f"{'family':<16} " + " ".join(f"{lv:>8}" for lv in engine.SIMD_LEVELS) + "  runs",
+        f"{'family':<21} " + " ".join(f"{lv:>8}" for lv in engine.SIMD_LEVELS) + "  runs",
     ]
     levels = engine.SIMD_LEVELS
     for family in engine.simd_families():
@@ -375,5 +386,5 @@ def simd_report(path: Path | None = None) -> str:
         cells = " ".join(
             f"{times[lv] * 1e3:8.3f}" if lv in times else f"{'-':>8}" for lv in levels
         )
-        lines.append(f"{family:<16} {cells}  {engine.simd_family_level(family)}")
+        lines.append(f"{family:<21} {cells}  {engine.simd_family_level(family)}")
     return "\n".join(lines)

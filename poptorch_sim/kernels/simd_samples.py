@@ -1,9 +1,11 @@
 """The small samples :mod:`.simd_choice` times each kernel family's SIMD variants on.
 
 Each is made when its family is measured and runs one tile's worth of the family's kernel:
-sorts of one row length class (float32), NMS of 1000 boxes, accumulation of 2^16 items, a
-fused Adam step over 2^14 parameters. Operands are made with explicit dtype and device, so a
-default dtype or device context set by the caller does not change what is timed.
+sorts of one row length class and key width (float16 for 16-bit keys, float32 for 32-bit,
+float64 for 64-bit: normal values, whose 64-bit keys span more than the network's 32-bit window
+and take its tie scan, see ``[Note: wide keys]``), NMS of 1000 boxes, accumulation of 2^16
+items, a fused Adam step over 2^14 parameters. Operands are made with explicit dtype and device,
+so a default dtype or device context set by the caller does not change what is timed.
 """
 
 from __future__ import annotations
@@ -18,10 +20,15 @@ __all__ = ["SAMPLES", "Sample"]
 Sample = Callable[[], Callable[[], object]]
 
 
-def _sort_sample(rows: int, length: int) -> Sample:
+# The dtype each key width is sampled with.
+_SORT_DTYPES = {16: torch.float16, 32: torch.float32, 64: torch.float64}
+
+
+def _sort_sample(rows: int, length: int, bits: int) -> Sample:
     def make() -> Callable[[], object]:
         g = torch.Generator().manual_seed(0)
         x = torch.randn(rows, length, generator=g, dtype=torch.float32, device="cpu")
+        x = x.to(_SORT_DTYPES[bits])
         return lambda: torch.ops.poptorch_sim.sort(x)
 
     return make
@@ -58,11 +65,13 @@ def _optimizer_sample() -> Callable[[], object]:
 
 
 SAMPLES: dict[str, Sample] = {
-    "sort_rows_16": _sort_sample(4096, 16),
-    "sort_rows_256": _sort_sample(256, 256),
-    "sort_rows_4096": _sort_sample(16, 4096),
-    "sort_rows_32768": _sort_sample(2, 32768),
-    "sort_long": _sort_sample(1, 1 << 17),
+    **{
+        f"sort_rows_{length}_{bits}bit": _sort_sample(rows, length, bits)
+        for rows, length in ((4096, 16), (256, 256), (16, 4096), (2, 32768))
+        for bits in (16, 32, 64)
+    },
+    "sort_long_16bit": _sort_sample(1, 1 << 17, 16),
+    "sort_long_32bit": _sort_sample(1, 1 << 17, 32),
     "nms": _nms_sample,
     "accumulate": _accumulate_sample,
     "optimizer": _optimizer_sample,
