@@ -542,8 +542,18 @@ def test_two_stage_training_model_on_cuda_matches_eager(off_chip):
         assert out.device.type == "cpu" and loss.device.type == "cpu"
         assert_close(loss, sum(o[1] for d in outs for a in d for o in a))
     assert {p.device.type for p in training._executable.trainer.params} == {"cuda"}
+    # CUDA's float32 sums round differently from the CPU's (SGD in this model: weights 1.5e-8
+    # apart), and Adam divides each gradient by its own running magnitude, so a gradient
+    # element near zero turns that rounding into a step of its own: 1.2e-5 on one element of
+    # fc2.weight (H200, max_grad_norm 0.5). Hence Adam's tolerance here.
     for name, param in reference.named_parameters():
-        assert_close(model.get_parameter(name), param, msg=name)
+        assert_close(
+            model.get_parameter(name).cpu(),
+            param,
+            rtol=1e-5,
+            atol=5e-5,
+            msg=lambda m, name=name: f"{name}: {m}",
+        )
 
 
 def test_generic_increment_steps_matches_the_cpu_kernel() -> None:
