@@ -14,6 +14,7 @@ int64 outputs come back as int32 and float64 as float32, as from an IPU.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -22,7 +23,7 @@ import torch
 from ..enums import OutputMode
 from ..errors import Error
 from ..runtime.dtypes import host_dtype
-from .host_buffers import OutputBuffers
+from .host_buffers import MIN_BYTES, OutputBuffers
 from .layout import Layout
 from .streams import assemble
 
@@ -76,12 +77,30 @@ class OutputCollector:
         self._layout = layout
         self._empty = buffers.empty if buffers is not None else None
         self._rows: list[list[Any]] = []
+        self._reserved: dict[int, torch.Tensor] = {}  # output index -> its joined buffer
         self.times: list[float] = []  # when each micro-batch's outputs arrived (perf.py)
 
     def add(self, leaves: list[Any]) -> None:
         """Record the output leaves of the next micro-batch (call in [DI, GA, R] order)."""
         self._rows.append(leaves)
         self.times.append(time.perf_counter())
+
+    def reserve(
+        self, index: int, shape: torch.Size, dtype: torch.dtype, count: int
+    ) -> list[torch.Tensor] | None:
+        """The joined buffer of output ``index`` split into ``count`` micro-batches' rows of
+        ``shape``, for a run to compute into (See [Note: outputs computed in place]); None
+        unless this call joins every micro-batch's rows (``OutputMode.All``) into reused memory
+        and the output is large enough for that to matter."""
+        lay = self._layout
+        every = lay.device_iterations * lay.gradient_accumulation * lay.replicas
+        if self._mode != OutputMode.All.name or self._empty is None or count != every or count < 2:
+            return None
+        if not shape or shape[0] == 0 or math.prod(shape) * dtype.itemsize < MIN_BYTES // count:
+            return None
+        joined = self._empty((count * shape[0], *shape[1:]), dtype)
+        self._reserved[index] = joined
+        return list(joined.split(shape[0]))
 
     @property
     def num_outputs(self) -> int:
@@ -99,6 +118,10 @@ class OutputCollector:
                 joined.append(first)
                 continue
             parts = [row[i] for row in self._rows]
+            reserved = self._reserved.pop(i, None)
+            if reserved is not None and _filled(reserved, parts):
+                joined.append(block_backward(demote(reserved)))
+                continue
             out = assemble(
                 parts,
                 self._mode,
@@ -110,3 +133,17 @@ class OutputCollector:
             )
             joined.append(block_backward(demote(out.detach())))
         return joined
+
+
+def _filled(joined: torch.Tensor, parts: list[Any]) -> bool:
+    """Whether ``parts`` are ``joined``'s consecutive rows, in order (computed in place)."""
+    rows = joined.shape[0] // len(parts)
+    step = rows * (joined.nbytes // joined.shape[0])
+    return all(
+        isinstance(part, torch.Tensor)
+        and part.is_contiguous()
+        and part.shape == (rows, *joined.shape[1:])
+        and part.dtype == joined.dtype
+        and part.data_ptr() == joined.data_ptr() + m * step
+        for m, part in enumerate(parts)
+    )

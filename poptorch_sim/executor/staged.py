@@ -72,6 +72,8 @@ class StagedRunner:
         self.out_spec: pytree.TreeSpec = self.program.meta["out_spec"]
         self._constants: dict[int, Any] = self.program.meta["out_constants"]
         self._signature = self.program.meta["signature"]
+        # each output's per-micro-batch shape and dtype, from the last inference call
+        self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
         self.profile_dir: str | None = options.profile_dir
         self.trace = TraceRecorder() if self.profile_dir else None
         self.runtime = PipelineRuntime(self.program, training=training, trace=self.trace)
@@ -129,8 +131,12 @@ class StagedRunner:
                 for d in range(layout.device_iterations)
                 for _, mb in layout.step_micro_batches(bound, d)
             ]
+            into = self._destinations(len(inputs), collector)
             with torch.no_grad():
-                self._collect(self.runtime.run(inputs), collector)
+                results = self.runtime.run(inputs, into=into)
+            if results:
+                self._shapes = {n: (v.shape, v.dtype) for n, v in results[0].items()}
+            self._collect(results, collector)
             return
         for d in range(layout.device_iterations):
             inputs = [self._inputs(mb) for _, mb in layout.step_micro_batches(bound, d)]
@@ -138,6 +144,24 @@ class StagedRunner:
             self._collect(results, collector)
             if step is not None:
                 step()
+
+    def _destinations(
+        self, count: int, collector: OutputCollector
+    ) -> list[dict[str, torch.Tensor]] | None:
+        """Per micro-batch, the rows of the joined outputs the collector has ready, by output
+        name (See [Note: outputs computed in place])."""
+        into: list[dict[str, torch.Tensor]] = [{} for _ in range(count)]
+        names = iter(self.program.output_names)
+        for i in range(self.out_spec.num_leaves):
+            if i in self._constants:
+                continue
+            name = next(names)
+            if name not in self._shapes:
+                continue
+            rows = collector.reserve(i, *self._shapes[name], count)
+            for values, part in zip(into, rows or ()):
+                values[name] = part
+        return into if any(into) else None
 
     def _collect(self, results: list[dict[str, torch.Tensor]], collector: OutputCollector) -> None:
         for values in results:

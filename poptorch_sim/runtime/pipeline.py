@@ -40,6 +40,7 @@ from ..profiling.trace import TraceRecorder
 from ..program import StagedProgram
 from .actions import Action
 from .cores import CoreShare
+from .in_place import in_place_module
 from .intra_op import pinned_threads_per_ipu, release_team, restore_default_threads
 from .pool import default_devices, make_executors, make_workers, start_workers, stop_workers
 from .routes import HOST, routes_of
@@ -122,6 +123,8 @@ class PipelineRuntime:
         self._mean_threads: dict[int, float] = {}  # per IPU, the current run's
         self._reports: queue.Queue[tuple[bool, Any]] = queue.Queue()
         self._executors = make_executors(program, self.routes, self.devices, training=training)
+        if not training and all(d.type == "cpu" for d in self.devices.values()):
+            self._prepare_in_place()
         self._always_one_thread = on_cpu and sharded
         # the worker sets, built when first used: one worker per IPU (False) or one for all (True)
         self._sets: dict[bool, dict[int, IpuWorker]] = {}
@@ -158,6 +161,15 @@ class PipelineRuntime:
         if missing:
             raise Error(f"devices has no entry for IPUs {missing} (given: {sorted(devices)})")
         return {ipu: torch.device(devices[ipu]) for ipu in ipus}
+
+    def _prepare_in_place(self) -> None:
+        """Give each stage the graph that computes its host-only outputs into destinations
+        (See [Note: outputs computed in place])."""
+        for index, executor in self._executors.items():
+            sent = {n for names in self.routes.outputs_to[index].values() for n in names}
+            host_only = set(self.routes.to_host[index]) - sent
+            spec = executor.spec
+            executor.in_place = in_place_module(spec.module, spec.outputs, host_only)
 
     def _start_threads(self, one_thread: bool) -> dict[int, int]:
         """The threads a worker set starts on: the split, or every core for the one thread that
@@ -235,6 +247,7 @@ class PipelineRuntime:
         *,
         loss_scale: float = 1.0,
         step: Callable[[int], None] | None = None,
+        into: list[dict[str, torch.Tensor]] | None = None,
     ) -> list[dict[str, torch.Tensor]]:
         """Run every micro-batch through the pipeline (forward, and backward in training).
 
@@ -246,6 +259,8 @@ class PipelineRuntime:
             micro_batches: one ``{input name: tensor}`` per micro-batch.
             loss_scale: multiplies the loss gradient (e.g. ``1 / gradientAccumulation``).
             step: per-stage optimizer step (training only).
+            into: per micro-batch, tensors that program outputs may be computed into
+                (inference on the CPU; See [Note: outputs computed in place]).
 
         Returns:
             For each micro-batch, ``{name: detached tensor on the CPU}`` for
@@ -259,6 +274,11 @@ class PipelineRuntime:
         self._check_inputs(micro_batches)
         if not micro_batches:
             return []
+        if into is not None and len(into) != len(micro_batches):
+            raise Error(
+                f"into has {len(into)} entries for {len(micro_batches)} micro-batches; give one "
+                "dict of destinations per micro-batch"
+            )
         schedule = self.schedule(len(micro_batches))
         self._run_id += 1
         job_abort = threading.Event()
@@ -284,6 +304,7 @@ class PipelineRuntime:
                 threads,
                 lend=mode == "lent",
                 recount=switched,
+                into=tuple(into) if into is not None else None,
             )
             worker.inbox.put(job)
         self._pending = set(self._workers)

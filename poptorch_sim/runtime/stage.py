@@ -26,6 +26,7 @@ from torch.nn.modules import module as module_hooks
 from ..errors import Error
 from ..program import StageSpec
 from .checkpoints import Checkpoints, has_checkpoints
+from .in_place import destinations
 
 __all__ = ["StageExecutor", "prepare_backward"]
 
@@ -87,6 +88,7 @@ class StageExecutor:
     """
 
     probe: Any = None  # a memory.SavedProbe while poptorch_sim.memory measures a run
+    in_place: fx.GraphModule | None = None  # See [Note: outputs computed in place]
 
     def __init__(
         self,
@@ -106,8 +108,14 @@ class StageExecutor:
         self.from_stages = from_stages
         self._saved: dict[int, _Saved] = {}
 
-    def forward(self, mb: int, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Run the stage on micro-batch ``mb``; ``values`` holds every input name.
+    def forward(
+        self,
+        mb: int,
+        values: dict[str, torch.Tensor],
+        into: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Run the stage on micro-batch ``mb``; ``values`` holds every input name; ``into``
+        where outputs may be computed (See [Note: outputs computed in place]).
 
         Returns:
             The stage's outputs by name.
@@ -136,8 +144,13 @@ class StageExecutor:
             self._saved[mb] = _Saved(leaves, outputs, args, rng, kept)
             return outputs
         counting = probe.forward(index, mb) if probe is not None and self.training else None
-        with torch.set_grad_enabled(self.training), counting or nullcontext():
-            result = _call(self.spec.module, args)
+        in_place = self.in_place if into and not self.training else None
+        with (
+            torch.set_grad_enabled(self.training),
+            counting or nullcontext(),
+            destinations(into) if in_place is not None else nullcontext(),
+        ):
+            result = _call(in_place or self.spec.module, args)
         outputs = self._name_outputs(result)
         if self.training:
             self._saved[mb] = _Saved(leaves, outputs)

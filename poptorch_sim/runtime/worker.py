@@ -65,6 +65,7 @@ class Job:
     threads: int | None = None  # intra-op threads for this run (See [Note: cores follow the work])
     lend: bool = False  # compute actions borrow their threads from the worker's budget
     recount: bool = False  # show the thread count on the trace again (other workers ran since)
+    into: tuple[dict[str, torch.Tensor], ...] | None = None  # per mb: outputs' destinations
 
 
 @dataclass(frozen=True)
@@ -327,7 +328,8 @@ class IpuWorker:
             self._held[(kind, s, m)] = self._gather("act", s, m, self._act_sources(s), job)
         elif kind is ActionKind.F:
             inputs = self._held.pop((ActionKind.RECV_F, s, m))
-            outputs = self.stages[s].forward(m, inputs)  # type: ignore[arg-type]
+            into = job.into[m] if job.into is not None else None
+            outputs = self.stages[s].forward(m, inputs, into)  # type: ignore[arg-type]
             self._held[(kind, s, m)] = dict(outputs)
         elif kind is ActionKind.SEND_F:
             self._send_activations(s, m, job)

@@ -1,0 +1,127 @@
+"""Program outputs computed straight into the caller's joined output.
+
+[Note: outputs computed in place]
+An inference call returns every micro-batch's outputs joined into one tensor per output
+(``OutputMode.All``). Joined after the run, that is one more pass over every output byte: for a
+language model, the logits (GPT-2's ten 4 × 128 × 50,257 float32 micro-batches are 1 GB, copied
+in 127-177 ms on two cores into a reused buffer, 5-7% of the call; ``benchmarks/RESULTS.md``),
+plus the page faults of each micro-batch's fresh logits. Eager PyTorch's loop pays the faults
+but never joins. So where the caller has the joined buffer ready (from the second call on, when
+each micro-batch's output shape is known), each micro-batch's rows of it go to the run as its
+destination, and the graph node that makes a program output computes into them with the
+operator's ``out=`` form (``aten.linear.out``, ``aten.cat.out`` ...): no copy and no fresh
+pages. The caller then finds each part already in place and returns the buffer as it is.
+
+Only what is the same computation is rewritten: in a graph captured by ``torch.export`` (ATen
+operators; a graph captured by torch.fx calls modules and keeps the join), a stage's output node whose value goes to
+the host and to no other stage, made by an ATen operator with one tensor result and an ``out``
+overload taking the same arguments, with a static shape. The rewritten graph is a copy that
+shares the stage's parameters; the stage's own graph is left as it was. A run without
+destinations (the first call, a training call, a CUDA stage, outputs the caller joins
+otherwise) computes exactly as before, and so does a call whose destination does not match the
+shape and dtype the capture recorded. The values are those of the same operator: ``out=`` runs
+the same kernel (tested bit for bit against the first call's outputs).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import fx
+
+__all__ = ["destinations", "in_place_module", "write_into"]
+
+_local = threading.local()
+
+
+@contextmanager
+def destinations(into: dict[str, torch.Tensor] | None) -> Iterator[None]:
+    """Within the block, this thread's rewritten nodes write the outputs named in ``into``."""
+    previous = getattr(_local, "into", None)
+    _local.into = into
+    try:
+        yield
+    finally:
+        _local.into = previous
+
+
+def write_into(
+    name: str,
+    op: torch._ops.OpOverload,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    *args: Any,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """``op(*args, **kwargs)``, computed into this thread's destination for ``name`` when it
+    has one of ``shape`` and ``dtype`` (and neither autograd nor autocast is on), else as
+    usual."""
+    into = getattr(_local, "into", None)
+    out = into.get(name) if into else None
+    if (
+        out is None
+        or out.shape != shape
+        or out.dtype != dtype
+        or torch.is_grad_enabled()
+        or torch.is_autocast_enabled("cpu")
+    ):
+        return op(*args, **kwargs)
+    return op.overloadpacket.out(*args, **kwargs, out=out)  # type: ignore[no-any-return]
+
+
+def _out_form(op: object) -> bool:
+    """Whether ``op`` is an ATen operator with one tensor result whose ``out`` overload takes
+    the same arguments plus ``out``."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    schema = op._schema
+    out = getattr(op.overloadpacket, "out", None)
+    if out is None or len(schema.returns) != 1 or str(schema.returns[0].type) != "Tensor":
+        return False
+    if schema.is_mutable or any(a.alias_info is not None for a in schema.arguments):
+        return False
+    same = [(a.name, str(a.type)) for a in out._schema.arguments if not a.is_out]
+    return (
+        same == [(a.name, str(a.type)) for a in schema.arguments]
+        and sum(a.is_out for a in out._schema.arguments) == 1
+    )
+
+
+def in_place_module(
+    module: object, outputs: Sequence[str], names: set[str]
+) -> fx.GraphModule | None:
+    """A copy of ``module``'s graph (sharing its parameters) whose nodes making the outputs in
+    ``names`` call ``write_into``, or None when none qualifies (See [Note: outputs computed in
+    place]).
+
+    Args:
+        module: a stage's module; only an ``fx.GraphModule`` returning a tuple qualifies.
+        outputs: the stage's output names, in the order of the returned tuple.
+        names: the outputs that go to the host only.
+    """
+    if not isinstance(module, fx.GraphModule) or not names:
+        return None
+    graph = fx.Graph()
+    returned = graph.graph_copy(module.graph, {})
+    if not isinstance(returned, (tuple, list)) or len(returned) != len(outputs):
+        return None
+    graph.output(returned)
+    written = 0
+    for name, node in zip(outputs, returned):
+        if name not in names or not isinstance(node, fx.Node) or node.op != "call_function":
+            continue
+        value = node.meta.get("val")
+        if not _out_form(node.target) or not isinstance(value, torch.Tensor):
+            continue
+        if not all(isinstance(d, int) for d in value.shape):
+            continue  # a symbolic shape: not known before the run
+        node.args = (name, node.target, tuple(value.shape), value.dtype, *node.args)
+        node.target = write_into
+        written += 1
+    if not written:
+        return None
+    return fx.GraphModule(module, graph, class_name=f"{type(module).__name__}InPlace")
