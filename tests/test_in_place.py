@@ -30,11 +30,13 @@ class Head(torch.nn.Module):
         return (logits, h) if self.hidden else logits
 
 
-def _inference(model: torch.nn.Module, sharded: bool = False) -> poptorch.PoplarExecutor:
+def _inference(
+    model: torch.nn.Module, sharded: bool = False, capture: str = "export"
+) -> poptorch.PoplarExecutor:
     opts = poptorch.Options().deviceIterations(8)
     strategy = poptorch.ShardedExecution() if sharded else poptorch.PipelinedExecution()
     opts.setExecutionStrategy(strategy)
-    opts.Jit.captureMethod("export")
+    opts.Jit.captureMethod(capture)
     return poptorch.inferenceModel(model, opts)
 
 
@@ -52,14 +54,17 @@ def filled(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return seen
 
 
+@pytest.mark.parametrize("capture", ["export", "fx"])
 @pytest.mark.parametrize("sharded", [False, True], ids=["pipelined", "sharded"])
-def test_outputs_computed_in_place_equal_eager(filled: list[bool], sharded: bool) -> None:
+def test_outputs_computed_in_place_equal_eager(
+    filled: list[bool], sharded: bool, capture: str
+) -> None:
     torch.manual_seed(0)
     model = Head().eval()
     x = torch.randn(8 * 64, 64)
     with torch.no_grad():
         want = model(x)
-    sim = _inference(model, sharded)
+    sim = _inference(model, sharded, capture)
     first = sim(x)  # no shapes known yet: joined after the run
     assert filled == []
     kept = first.clone()

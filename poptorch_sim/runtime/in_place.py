@@ -12,15 +12,16 @@ destination, and the graph node that makes a program output computes into them w
 operator's ``out=`` form (``aten.linear.out``, ``aten.cat.out`` ...): no copy and no fresh
 pages. The caller then finds each part already in place and returns the buffer as it is.
 
-Only what is the same computation is rewritten: in a graph captured by ``torch.export`` (ATen
-operators; a graph captured by torch.fx calls modules and keeps the join), a stage's output node whose value goes to
-the host and to no other stage, made by an ATen operator with one tensor result and an ``out``
-overload taking the same arguments, with a static shape. The rewritten graph is a copy that
-shares the stage's parameters; the stage's own graph is left as it was. A run without
-destinations (the first call, a training call, a CUDA stage, outputs the caller joins
-otherwise) computes exactly as before, and so does a call whose destination does not match the
-shape and dtype the capture recorded. The values are those of the same operator: ``out=`` runs
-the same kernel (tested bit for bit against the first call's outputs).
+Only what is the same computation is rewritten: a stage's output node whose value goes to the
+host and to no other stage, made by an ATen operator with one tensor result and an ``out``
+overload taking the same arguments, with a static shape (graphs captured by ``torch.export``),
+or by an ``nn.Linear`` layer (graphs captured by torch.fx; ``aten.linear.out`` where the
+operands share a dtype, else the layer itself). The rewritten graph is a copy that shares the
+stage's parameters; the stage's own graph is left as it was. A run without destinations (the
+first call, a training call, a CUDA stage, outputs the caller joins otherwise) computes exactly
+as before, and so does a call whose destination does not match the output's shape and dtype.
+The values are those of the same operator: ``out=`` runs the same kernel (tested bit for bit
+against eager).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["destinations", "in_place_module", "write_into"]
+__all__ = ["destinations", "in_place_module", "linear_into", "write_into"]
 
 _local = threading.local()
+_LAYERS = ("torch.nn.modules.linear", "poptorch_sim.executor.precision")  # nn.Linear forwards
 
 
 @contextmanager
@@ -58,7 +60,7 @@ def write_into(
     **kwargs: Any,
 ) -> torch.Tensor:
     """``op(*args, **kwargs)``, computed into this thread's destination for ``name`` when it
-    has one of ``shape`` and ``dtype`` (and neither autograd nor autocast is on), else as
+    has one of ``shape`` and ``dtype`` and neither autograd nor autocast is on; else as
     usual."""
     into = getattr(_local, "into", None)
     out = into.get(name) if into else None
@@ -91,6 +93,41 @@ def _out_form(op: object) -> bool:
     )
 
 
+def _linear(module: fx.GraphModule, graph: fx.Graph, node: fx.Node, name: str) -> bool:
+    """Makes a torch.fx graph's call of an ``nn.Linear`` layer (one whose forward is the plain
+    one, or poptorch_sim's that casts mixed operands) that makes ``name`` call ``linear_into``
+    instead, and says so; other nodes are left alone."""
+    if node.op != "call_module" or node.kwargs or len(node.args) != 1:
+        return False
+    layer = module.get_submodule(str(node.target))
+    forward = getattr(type(layer), "forward", None)
+    plain = isinstance(layer, torch.nn.Linear) and getattr(forward, "__module__", "") in _LAYERS
+    if not plain or layer._forward_hooks or layer._forward_pre_hooks:
+        return False
+    with graph.inserting_before(node):
+        held = graph.get_attr(str(node.target))
+    node.op, node.target, node.args = "call_function", linear_into, (name, held, node.args[0])
+    return True
+
+
+def linear_into(name: str, layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)``, computed into this thread's destination for ``name`` when it has the
+    result's shape and dtype, the operands share a dtype and neither autograd nor autocast is
+    on; else as usual."""
+    into = getattr(_local, "into", None)
+    out = into.get(name) if into else None
+    if (
+        out is None
+        or out.shape != (*x.shape[:-1], layer.out_features)
+        or not out.dtype == x.dtype == layer.weight.dtype
+        or (layer.bias is not None and layer.bias.dtype != x.dtype)
+        or torch.is_grad_enabled()
+        or torch.is_autocast_enabled("cpu")
+    ):
+        return layer(x)  # type: ignore[no-any-return]
+    return torch.ops.aten.linear.out(x, layer.weight, layer.bias, out=out)  # type: ignore[no-any-return]
+
+
 def in_place_module(
     module: object, outputs: Sequence[str], names: set[str]
 ) -> fx.GraphModule | None:
@@ -112,9 +149,14 @@ def in_place_module(
     graph.output(returned)
     written = 0
     for name, node in zip(outputs, returned):
-        if name not in names or not isinstance(node, fx.Node) or node.op != "call_function":
+        if name not in names or not isinstance(node, fx.Node):
+            continue
+        if _linear(module, graph, node, name):
+            written += 1
             continue
         value = node.meta.get("val")
+        if node.op != "call_function":
+            continue
         if not _out_form(node.target) or not isinstance(value, torch.Tensor):
             continue
         if not all(isinstance(d, int) for d in value.shape):
