@@ -132,7 +132,7 @@ def in_place_module(
     module: object, outputs: Sequence[str], names: set[str]
 ) -> fx.GraphModule | None:
     """A copy of ``module``'s graph (sharing its parameters) whose nodes making the outputs in
-    ``names`` call ``write_into``, or None when none qualifies (See [Note: outputs computed in
+    ``names`` call ``write_into`` or ``linear_into``, or None when none qualifies (See [Note: outputs computed in
     place]).
 
     Args:
