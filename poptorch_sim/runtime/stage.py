@@ -150,7 +150,7 @@ class StageExecutor:
             counting or nullcontext(),
             destinations(into) if in_place is not None else nullcontext(),
         ):
-            result = _call(in_place or self.spec.module, args)
+            result = _call(in_place if in_place is not None else self.spec.module, args)
         outputs = self._name_outputs(result)
         if self.training:
             self._saved[mb] = _Saved(leaves, outputs)
