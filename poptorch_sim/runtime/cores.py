@@ -44,8 +44,8 @@ training 5,575 ms on the split IPU 0: 2, IPUs 1-3: 1, 6,292 ms lent). And where 
 holds most of the work even lending leaves the pipeline waiting on it, while one thread running
 every stage on every core, in the order of the schedule placed on one IPU, computes as eager
 PyTorch does (as a sharded program always runs on the CPU: See [Note: one thread for a sharded
-program]; Llama training, dev-zen4, quiet: eager / poptorch_sim 0.71-0.84 on the split,
-0.89-1.03 lent, 0.93-1.09 on one thread, ``benchmarks/RESULTS.md``). So the runtime tries the
+program]; Llama training, dev-zen4, quiet, the trial's runs: 5,268-5,367 ms on the split,
+4,369-4,533 ms lent, 3,796-4,071 ms on one thread, ``benchmarks/RESULTS.md``). So the runtime tries the
 modes of ``MODES`` in turn: after the first run (lent, not judged: one-off costs), ``TRIAL_RUNS``
 runs each of the split by measured work (``apportion``: ``round(cores * share)`` threads each,
 at least 1; the equal split before anything is measured), lending, and one thread (where the
