@@ -51,6 +51,22 @@ def destinations(into: dict[str, torch.Tensor] | None) -> Iterator[None]:
         _local.into = previous
 
 
+def _destination(name: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor | None:
+    """This thread's destination for ``name`` if it has ``shape`` and ``dtype`` and neither
+    autograd nor autocast is on, else None."""
+    into = getattr(_local, "into", None)
+    out = into.get(name) if into else None
+    if (
+        out is None
+        or out.shape != tuple(shape)
+        or out.dtype != dtype
+        or torch.is_grad_enabled()
+        or torch.is_autocast_enabled("cpu")
+    ):
+        return None
+    return out
+
+
 def write_into(
     name: str,
     op: torch._ops.OpOverload,
@@ -59,18 +75,10 @@ def write_into(
     *args: Any,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """``op(*args, **kwargs)``, computed into this thread's destination for ``name`` when it
-    has one of ``shape`` and ``dtype`` and neither autograd nor autocast is on; else as
-    usual."""
-    into = getattr(_local, "into", None)
-    out = into.get(name) if into else None
-    if (
-        out is None
-        or out.shape != shape
-        or out.dtype != dtype
-        or torch.is_grad_enabled()
-        or torch.is_autocast_enabled("cpu")
-    ):
+    """``op(*args, **kwargs)``, computed into this thread's destination for ``name`` when
+    ``_destination`` gives one, else as usual."""
+    out = _destination(name, shape, dtype)
+    if out is None:
         return op(*args, **kwargs)
     return op.overloadpacket.out(*args, **kwargs, out=out)  # type: ignore[no-any-return]
 
@@ -111,19 +119,11 @@ def _linear(module: fx.GraphModule, graph: fx.Graph, node: fx.Node, name: str) -
 
 
 def linear_into(name: str, layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)``, computed into this thread's destination for ``name`` when it has the
-    result's shape and dtype, the operands share a dtype and neither autograd nor autocast is
-    on; else as usual."""
-    into = getattr(_local, "into", None)
-    out = into.get(name) if into else None
-    if (
-        out is None
-        or out.shape != (*x.shape[:-1], layer.out_features)
-        or not out.dtype == x.dtype == layer.weight.dtype
-        or (layer.bias is not None and layer.bias.dtype != x.dtype)
-        or torch.is_grad_enabled()
-        or torch.is_autocast_enabled("cpu")
-    ):
+    """``layer(x)``, computed into this thread's destination for ``name`` when the operands
+    share a dtype and ``_destination`` gives one for the result, else as usual."""
+    same = layer.weight.dtype == x.dtype and (layer.bias is None or layer.bias.dtype == x.dtype)
+    out = _destination(name, (*x.shape[:-1], layer.out_features), x.dtype) if same else None
+    if out is None:
         return layer(x)  # type: ignore[no-any-return]
     return torch.ops.aten.linear.out(x, layer.weight, layer.bias, out=out)  # type: ignore[no-any-return]
 

@@ -109,7 +109,8 @@ class PipelineRuntime:
         self.devices = self._devices(ipus, devices)
         self._main_threads = torch.get_num_threads()
         # See [Note: one thread for a sharded program]
-        on_cpu = len(ipus) > 1 and all(d.type == "cpu" for d in self.devices.values())
+        all_cpu = all(d.type == "cpu" for d in self.devices.values())
+        on_cpu = len(ipus) > 1 and all_cpu
         sharded = self.schedule_name == "sharded"
         self.cores = CoreShare(
             ipus,
@@ -123,7 +124,7 @@ class PipelineRuntime:
         self._mean_threads: dict[int, float] = {}  # per IPU, the current run's
         self._reports: queue.Queue[tuple[bool, Any]] = queue.Queue()
         self._executors = make_executors(program, self.routes, self.devices, training=training)
-        if not training and all(d.type == "cpu" for d in self.devices.values()):
+        if not training and all_cpu:
             self._prepare_in_place()
         self._always_one_thread = on_cpu and sharded
         # the worker sets, built when first used: one worker per IPU (False) or one for all (True)
@@ -285,8 +286,8 @@ class PipelineRuntime:
         resplit, self._given = self._given != self.cores.threads, dict(self.cores.threads)
         mode = self.cores.mode()  # See [Note: cores follow the work]
         one_thread = self._always_one_thread or mode == "one thread"
-        switched = self._workers is not self._worker_set(one_thread)
-        self._workers = self._worker_set(one_thread)
+        workers = self._worker_set(one_thread)
+        switched, self._workers = workers is not self._workers, workers
         self._by_stage = {s: w for w in self._workers.values() for s in w.stages}
         start = time.perf_counter()
         if one_thread:
