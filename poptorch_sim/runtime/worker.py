@@ -354,7 +354,7 @@ class IpuWorker:
         outputs = self._held.pop((ActionKind.F, s, m))
         for consumer, names in self.routes.outputs_to[s].items():
             values: Values = {name: outputs[name].detach() for name in names}  # type: ignore[union-attr]
-            self.peers[consumer].put(Transfer(job.run_id, "act", consumer, m, s, values))
+            self._send(Transfer(job.run_id, "act", consumer, m, s, values))
         if self.routes.to_host[s] or s == self.last_stage:
             to_host = {n: outputs[n].detach().to("cpu") for n in self.routes.to_host[s]}  # type: ignore[union-attr]
             self._report(Output(job.run_id, s, m, to_host), job)
@@ -377,7 +377,17 @@ class IpuWorker:
         for producer in self.routes.upstream(s):
             names = self.routes.inputs_from[s][producer]
             values = {name: grads.get(name) for name in names}
-            self.peers[producer].put(Transfer(run_id, "grad", producer, m, s, values))
+            self._send(Transfer(run_id, "grad", producer, m, s, values))
+
+    def _send(self, transfer: Transfer) -> None:
+        """Hand ``transfer`` to its stage's worker; one held by this thread goes straight to the
+        stash (no queue, no lock)."""
+        inbox = self.peers[transfer.stage]
+        if inbox is not self.inbox:
+            inbox.put(transfer)
+            return
+        key = (transfer.kind, transfer.stage, transfer.mb)
+        self._stash.setdefault(key, {})[transfer.src] = transfer.values
 
     # -- receiving --------------------------------------------------------------------------------
 
