@@ -14,7 +14,9 @@ and a Llama-style ``LlamaForCausalLM``; each pipelined and sharded, training and
   share the same cores (see [Note: cores follow the work] in ``runtime/cores.py``).
 * each row: warm-up calls (the first compiles; then a pipeline's trial of its ways to share the
   cores: split, lent, one thread), then ``--steps`` interleaved pairs (poptorch_sim, eager);
-  medians. ``eager / sim`` above 1 means the simulated IPUs were faster than plain PyTorch.
+  medians of the times, and of each pair's ratio with the pairs' range (eager alone moves by
+  10-30% between calls on a shared two-core machine). ``eager / sim`` above 1 means the
+  simulated IPUs were faster than plain PyTorch.
 * the machine's thread ceiling: how much faster the same matmuls ran on all cores than on one
   (a quiet two-core machine gives about 2; a loaded one less), and per model the same ratio of
   its eager training step.
@@ -346,9 +348,12 @@ def row(
     ipus = list(placed.stage_ipus)
     sim.destroy()
     p, e = statistics.median(sims), statistics.median(eagers)
+    ratios = [eager / sim for sim, eager in zip(sims, eagers)]
+    spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
     kind = "train" if training else "infer"
     print(
-        f"| {case.name} | {kind} | {strategy} | {p * 1e3:,.0f} | {e * 1e3:,.0f} | {e / p:.2f} | "
+        f"| {case.name} | {kind} | {strategy} | {p * 1e3:,.0f} | {e * 1e3:,.0f} | "
+        f"{statistics.median(ratios):.2f}{spread} | "
         f"{first:.1f} | IPUs {ipus}: {split} |" + (f" {trial_times(trial)} |" if trials else ""),
         flush=True,
     )
@@ -450,7 +455,7 @@ def main() -> None:
     )
     extra = (" trial ms |", "---|") if args.trials else ("", "")
     print(
-        "| model | kind | strategy | sim ms | eager ms | eager / sim | first call s | split |"
+        "| model | kind | strategy | sim ms | eager ms | eager / sim (pairs) | first call s | split |"
         + extra[0]
     )
     print("|---|---|---|---|---|---|---|---|" + extra[1])
