@@ -9,7 +9,9 @@ and a Llama-style ``LlamaForCausalLM``; each pipelined and sharded, training and
   BatchNorm (ResNet-50) is in training mode: each micro-batch is normalised by its own
   statistics, as on IPUs, and eager sees the same micro-batches in the same order.
 * inference: one ``inferenceModel`` call of ``DI`` micro-batches. Eager: the same micro-batches
-  under ``torch.no_grad()``.
+  under ``torch.no_grad()``, each one's outputs kept until the call returns (the simulated call
+  returns every micro-batch's outputs; a loop that dropped them would reuse one micro-batch's
+  memory, still in cache, where the call must write all of them).
 * eager runs with every core (``torch.set_num_threads(cores)``); poptorch_sim's IPU workers
   share the same cores (see [Note: cores follow the work] in ``runtime/cores.py``).
 * each row: warm-up calls (the first compiles; then a pipeline's trial of its ways to share the
@@ -272,7 +274,7 @@ def micro_batches(batch: Batch, count: int) -> list[Batch]:
     return [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(count)]
 
 
-def eager_call(model: nn.Module, batch: Batch, count: int, training: bool) -> Callable[[], None]:
+def eager_call(model: nn.Module, batch: Batch, count: int, training: bool) -> Callable[[], Any]:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     parts = micro_batches(batch, count)
 
@@ -282,10 +284,9 @@ def eager_call(model: nn.Module, batch: Batch, count: int, training: bool) -> Ca
             (loss_of(model(**mb)) / count).backward()
         optimizer.step()
 
-    def infer() -> None:
+    def infer() -> list[Any]:
         with torch.no_grad():
-            for mb in parts:
-                model(**mb)
+            return [model(**mb) for mb in parts]  # kept, as an inference call returns them all
 
     return train if training else infer
 
