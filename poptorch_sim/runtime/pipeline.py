@@ -24,8 +24,9 @@ lasts one run), and runs the pipelined schedule placed on one IPU. A run on one 
 every micro-batch at once (its action order already computes a sharded program's micro-batches
 one after another) and reports its outputs when it finishes, and a worker hands the values for
 a stage it holds itself straight to its stash: no thread is woken between two stages or two
-micro-batches. In ViT's sharded inference (``benchmarks/models.py``, dev-zen4) the worker's
-waits for inputs went from 2.7-5.6 ms to 0.8-0.9 ms a call.
+micro-batches. In ViT's sharded inference (``benchmarks/models.py``, dev-zen4, a compile
+running beside it) the worker's waits for inputs went from 2.7-5.6 ms to 0.8-0.9 ms a call; on
+the quiet machine, where a wake-up is quick, the difference was within the noise.
 """
 
 from __future__ import annotations
