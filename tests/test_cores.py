@@ -527,3 +527,34 @@ def test_every_mode_of_the_trials_trains_as_eager_does(
         (0, 3),
     }
     assert threading.active_count() == baseline
+
+
+def test_one_thread_computes_each_micro_batch_before_the_next(
+    monkeypatch: pytest.MonkeyPatch, two_threads: int
+) -> None:
+    """A training run on one thread for every stage follows the sharded order (each
+    micro-batch's forward through every stage, then its backward) and gives eager's outputs
+    and weights: the pipelined order on one thread kept several micro-batches alive."""
+    monkeypatch.delenv("POPTORCH_SIM_THREADS_PER_IPU", raising=False)
+    program = chain(3, [0, 1, 2, 3])
+    reference = copy.deepcopy(program)
+    batches = micro_batches(5)
+    want = eager(reference, batches, loss_scale=0.2)
+    for spec in reference.stages:
+        sgd(spec.module)
+    trace = TraceRecorder()
+    with PipelineRuntime(program, training=True, devices=CPU, trace=trace) as rt:
+        monkeypatch.setattr(rt.cores, "mode", lambda: "one thread")
+        got = rt.run(batches, loss_scale=0.2, step=lambda s: sgd(program.stages[s].module))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for ours, theirs in zip(program.stages, reference.stages):
+        torch.testing.assert_close(
+            ours.module.state_dict(), theirs.module.state_dict(), rtol=0, atol=0
+        )
+    computed = [
+        (e.category, e.stage, e.mb)
+        for e in sorted(trace.events, key=lambda e: e.start_us)
+        if e.category in ("fwd", "bwd")
+    ]
+    per_mb = [*[("fwd", s, None) for s in range(4)], *[("bwd", s, None) for s in (3, 2, 1, 0)]]
+    assert computed == [(kind, s, m) for m in range(5) for kind, s, _ in per_mb]

@@ -42,8 +42,8 @@ at load 2.5 BERT training 1.26 lent, 0.79 on the split), and a fixed split by me
 can beat lending where one stage holds most of it (GPT-2 at 84% on IPU 0, dev-zen4, quiet:
 training 5,575 ms on the split IPU 0: 2, IPUs 1-3: 1, 6,292 ms lent). And where one stage
 holds most of the work even lending leaves the pipeline waiting on it, while one thread running
-every stage on every core, in the order of the schedule placed on one IPU, computes as eager
-PyTorch does (as a sharded program always runs on the CPU: See [Note: one thread for a sharded
+every stage on every core, one micro-batch at a time (the sharded schedule's order), computes
+as eager PyTorch does (as a sharded program always runs on the CPU: See [Note: one thread for a sharded
 program]; Llama training, dev-zen4, quiet, the trial's runs: 5,268-5,367 ms on the split,
 4,369-4,533 ms lent, 3,796-4,071 ms on one thread, ``benchmarks/RESULTS.md``). So the runtime tries the
 modes of ``MODES`` in turn: after the first run (lent, not judged: one-off costs), ``TRIAL_RUNS``

@@ -20,13 +20,20 @@ starts; its next parallel op starts a new one. Workers on GPUs keep a thread eac
 program on the CPU runs the same way where its trials measured it fastest (See [Note: cores
 follow the work]): one more worker, started when a trial first asks for it, holds every stage's
 executor beside the per-IPU workers (a run uses one set or the other, and the executors' state
-lasts one run), and runs the pipelined schedule placed on one IPU. A run on one thread is fed
-every micro-batch at once (its action order already computes a sharded program's micro-batches
-one after another) and reports its outputs when it finishes, and a worker hands the values for
-a stage it holds itself straight to its stash: no thread is woken between two stages or two
-micro-batches. In ViT's sharded inference (``benchmarks/models.py``, dev-zen4, a compile
-running beside it) the worker's waits for inputs went from 2.7-5.6 ms to 0.8-0.9 ms a call; on
-the quiet machine, where a wake-up is quick, the difference was within the noise.
+lasts one run), and runs the sharded schedule placed on one IPU: each micro-batch's forward
+through every stage, then its backward, as eager PyTorch computes them. The same ops meet the
+same values (each parameter's gradients still accumulate in micro-batch order, each stage
+steps after its last backward), but only one micro-batch's activations are alive at a time,
+where the pipelined schedule placed on one IPU keeps up to one per stage: measured on dev-zen4,
+quiet, the two orders alternating in one process (medians of 5-7 runs), Llama training took
+3,248 against 3,934 ms, GPT-2 5,106 against 5,841 ms, ResNet-50 blocks 1,112 against 1,161 ms,
+T5 1,366 against 1,389 ms, BERT the same. A run on one thread is fed every micro-batch at once
+(its action order computes them one after another) and reports its outputs when it finishes,
+and a worker hands the values for a stage it holds itself straight to its stash: no thread is
+woken between two stages or two micro-batches. In ViT's sharded inference
+(``benchmarks/models.py``, dev-zen4, a compile running beside it) the worker's waits for inputs
+went from 2.7-5.6 ms to 0.8-0.9 ms a call; on the quiet machine, where a wake-up is quick, the
+difference was within the noise.
 """
 
 from __future__ import annotations
@@ -229,14 +236,15 @@ class PipelineRuntime:
         self, schedule: Schedule, one_thread: bool
     ) -> dict[int, tuple[Action, ...]]:
         """Each worker's actions for a run of ``schedule``: its IPU's, or with one thread for
-        all every stage's, in the order of the schedule placed on that one IPU."""
+        all every stage's, in the order of the sharded schedule placed on that one IPU (See
+        [Note: one thread for a sharded program])."""
         if not one_thread:
             return {ipu: schedule.ipu_actions[ipu] for ipu in self._workers}
         (home,) = self._workers
         m = schedule.num_microbatches
         if m not in self._one_thread_schedules:
             self._one_thread_schedules[m] = make_schedule(
-                self.schedule_name,
+                "sharded",
                 len(self.program.stages),
                 m,
                 training=self.training,
