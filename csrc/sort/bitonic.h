@@ -49,6 +49,7 @@
 #include "common/simd.h"
 #include "sort/bitonic/items.h"
 #include "sort/bitonic/network.h"
+#include "sort/bitonic/partition.h"
 #include "sort/bitonic/rows.h"
 #include "sort/bitonic/vectors.h"
 
@@ -67,6 +68,7 @@ constexpr bool kNarrow = false;
 using Item = int64_t;
 #include "sort/bitonic/vector_ops.inc"
 #include "sort/bitonic/steps.inc"
+#include "sort/bitonic/pieces.inc"
 #include "sort/bitonic/item_vectors.inc"
 #include "sort/bitonic/row_loops.inc"
 }  // namespace native
@@ -88,6 +90,7 @@ template <int W>
 using U32 = Split<bitonic::U32<W>, uint32_t>;
 #include "sort/bitonic/vector_ops.inc"
 #include "sort/bitonic/steps.inc"
+#include "sort/bitonic/pieces.inc"
 #include "sort/bitonic/item_vectors.inc"
 #include "sort/bitonic/row_loops.inc"
 }  // namespace split

@@ -11,8 +11,21 @@ namespace poptorch_sim {
 namespace sorting {
 namespace bitonic {
 
-// Items a sort_rows buffer must hold for rows of n (any SIMD level).
-constexpr int64_t rows_buffer_size(int64_t n) { return std::max<int64_t>(padded_size(n, 8), 8 * kRun); }
+// Rows cut by quicksort partitions into pieces of at most kPieceMax items, which the network
+// sorts (see [Note: partitioned rows] in bitonic/pieces.inc): those of at least kPartitionMin
+// items, and those longer than kPieceMax whose padding to a power of two is at least a fifth of
+// their padded size (size: padded_size(n, W)).
+constexpr int64_t kPieceMax = 512;
+constexpr int64_t kPartitionMin = 8192;
+constexpr bool partitioned(int64_t n, int64_t size) {
+  return n >= kPartitionMin || (n > kPieceMax && 5 * n <= 4 * size);
+}
+
+// Items a sort_rows buffer must hold for rows of n (any SIMD level): the padded row, and room for
+// the partitions' copies of a row cut into pieces.
+constexpr int64_t rows_buffer_size(int64_t n) {
+  return std::max<int64_t>(padded_size(n, 8), 8 * kRun) + (n > kPieceMax ? n : 0);
+}
 
 // [Note: streaming stores]
 // A sort's outputs are written once and not read again by the kernel. Where a tile writes a lot
