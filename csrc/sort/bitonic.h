@@ -28,7 +28,9 @@
 // closed under all of them). At 4096 items that is 19 passes instead of 26.
 //
 // Rows of up to kBitonicRowMax items (sort.cpp) are sorted whole by the network, one tile per
-// group of rows (rows of at most kRun items W at a time, by columns); groups of the scatter sort
+// group of rows (rows of at most kRun items W at a time, by columns), the longest ones and those
+// padded by a fifth or more cut first into pieces by quicksort partitions (see [Note: partitioned
+// rows] in bitonic/pieces.inc); groups of the scatter sort
 // and tiles' slices of up to kBitonicBaseMax items use it as their base case. Both limits were
 // chosen by measurement (benchmarks/RESULTS.md, "Short rows"). Float32, int32, float16, bfloat16
 // and int16 rows make their items and write their values 2W at a time; int8 and uint8 one at a
