@@ -28,7 +28,9 @@
 // closed under all of them). At 4096 items that is 19 passes instead of 26.
 //
 // Rows of up to kBitonicRowMax items (sort.cpp) are sorted whole by the network, one tile per
-// group of rows (rows of at most kRun items W at a time, by columns); groups of the scatter sort
+// group of rows (rows of at most kRun items W at a time, by columns), the longest ones and those
+// padded by a fifth or more cut first into pieces by quicksort partitions (see [Note: partitioned
+// rows] in bitonic/pieces.inc); groups of the scatter sort
 // and tiles' slices of up to kBitonicBaseMax items use it as their base case. Both limits were
 // chosen by measurement (benchmarks/RESULTS.md, "Short rows"). Float32, int32, float16, bfloat16
 // and int16 rows make their items and write their values 2W at a time; int8 and uint8 one at a
@@ -49,6 +51,7 @@
 #include "common/simd.h"
 #include "sort/bitonic/items.h"
 #include "sort/bitonic/network.h"
+#include "sort/bitonic/partition.h"
 #include "sort/bitonic/rows.h"
 #include "sort/bitonic/vectors.h"
 
@@ -67,6 +70,7 @@ constexpr bool kNarrow = false;
 using Item = int64_t;
 #include "sort/bitonic/vector_ops.inc"
 #include "sort/bitonic/steps.inc"
+#include "sort/bitonic/pieces.inc"
 #include "sort/bitonic/item_vectors.inc"
 #include "sort/bitonic/row_loops.inc"
 }  // namespace native
@@ -88,6 +92,7 @@ template <int W>
 using U32 = Split<bitonic::U32<W>, uint32_t>;
 #include "sort/bitonic/vector_ops.inc"
 #include "sort/bitonic/steps.inc"
+#include "sort/bitonic/pieces.inc"
 #include "sort/bitonic/item_vectors.inc"
 #include "sort/bitonic/row_loops.inc"
 }  // namespace split
