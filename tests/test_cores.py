@@ -556,5 +556,5 @@ def test_one_thread_computes_each_micro_batch_before_the_next(
         for e in sorted(trace.events, key=lambda e: e.start_us)
         if e.category in ("fwd", "bwd")
     ]
-    per_mb = [*[("fwd", s, None) for s in range(4)], *[("bwd", s, None) for s in (3, 2, 1, 0)]]
-    assert computed == [(kind, s, m) for m in range(5) for kind, s, _ in per_mb]
+    per_mb = [*[("fwd", s) for s in range(4)], *[("bwd", s) for s in (3, 2, 1, 0)]]
+    assert computed == [(kind, s, m) for m in range(5) for kind, s in per_mb]
