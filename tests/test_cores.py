@@ -17,7 +17,14 @@ from test_runtime import RecordThreads, chain, eager, micro_batches, sgd
 from poptorch_sim.profiling.trace import TraceRecorder
 from poptorch_sim.program import StagedProgram, StageSpec
 from poptorch_sim.runtime import PipelineRuntime, intra_op
-from poptorch_sim.runtime.cores import TRIAL_EVERY, TRIAL_RUNS, CoreBudget, CoreShare, apportion
+from poptorch_sim.runtime.cores import (
+    TRIAL_EVERY,
+    TRIAL_EVERY_MAX,
+    TRIAL_RUNS,
+    CoreBudget,
+    CoreShare,
+    apportion,
+)
 
 CPU = {i: torch.device("cpu") for i in range(4)}
 
@@ -196,6 +203,37 @@ def test_trials_of_lending_against_the_measured_split_decide_the_runs_after(
     assert share.describe().startswith(
         "lent" if lending else "measured split of 2 cores (IPU 0: 1, IPU 1: 1; lending measured"
     )
+
+
+def test_trials_that_keep_the_choice_come_less_often_and_a_change_resets_the_gap() -> None:
+    share = CoreShare([0, 1], cores=2, one_thread=True)
+    fast_one_thread = {"split": 0.30, "lent": 0.25, "one thread": 0.20}
+    fast_split = {"split": 0.20, "lent": 0.25, "one thread": 0.30}
+    seen, chosen = [], {}
+    for run in range(3200):
+        mode = share.mode()
+        seen.append(mode)
+        share.observe(
+            {0: 0.1, 1: 0.1},
+            {0: 1.0, 1: 1.0},
+            (fast_split if run >= 1000 else fast_one_thread)[mode],
+        )
+        chosen[run] = share.choice
+    lent = [run for run, mode in enumerate(seen) if mode == "lent" and run > 0]
+    starts = [run - 1 for run in lent[::2]]  # each trial lends twice: its 2nd and 5th runs
+    assert all(
+        seen[s : s + 3 * TRIAL_RUNS] == ["split", "lent", "one thread"] * TRIAL_RUNS
+        for s in starts
+    )
+    # the first trial decides, and each that keeps its choice doubles the gap to the next; the
+    # first trial after run 1000 finds the split fastest, and the gap starts again from 40
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    doubling = [TRIAL_EVERY * 2**k for k in range(5)]
+    assert doubling[-1] == TRIAL_EVERY_MAX
+    assert gaps == doubling + doubling + [TRIAL_EVERY_MAX]
+    changed = starts[5] + 3 * TRIAL_RUNS - 1
+    assert chosen[changed - 1] == "one thread" and chosen[changed] == "split"
+    assert share.choice == "split"
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,11 @@ runs each of the split by measured work (``apportion``: ``round(cores * share)``
 at least 1; the equal split before anything is measured), lending, and one thread (where the
 runtime can: more than one IPU, all on the CPU); the runs after take the mode whose fastest run
 per micro-batch was fastest if that took at most ``TRIAL_MARGIN`` of the split's fastest, else
-the split (which follows the smoothed work); the trial repeats every ``TRIAL_EVERY`` runs.
+the split (which follows the smoothed work); the trial repeats ``TRIAL_EVERY`` runs after it
+started, and each trial that chose what the one before chose doubles that gap, up to
+``TRIAL_EVERY_MAX`` runs (a choice that changes sets it back). A trial's slower modes cost
+about 3% of the 40 runs that follow it in GPT-2's and Llama's training (the trials' times on
+the scoreboard in ``benchmarks/RESULTS.md``); a choice that holds is re-checked less often.
 Balanced pipelines mostly keep the split (same machine: BERT training 825 vs 905 ms, ViT
 training 421 vs 476 ms, split vs lent), and lending pays where a stage holds most of the work and
 the split cannot give it a second core (Llama, 66-71% on IPU 0: 3,949 ms on the split, 2,729 ms
@@ -80,6 +84,7 @@ SMOOTHING = 0.5  # weight of the newest run in the smoothed cost
 WARMUP_RUNS = 1  # runs not measured
 PATIENCE_S = 1.0  # the longest a worker waits for a lent core before taking one anyway
 TRIAL_EVERY = 40  # runs from the start of one trial of the modes to the next
+TRIAL_EVERY_MAX = 640  # the most it grows to, doubling after each trial that kept the choice
 TRIAL_RUNS = 2  # runs of each mode in a trial
 TRIAL_MARGIN = 0.95  # another mode must take at most this fraction of the split's time to be kept
 
@@ -243,12 +248,15 @@ class CoreShare:
         self.choice = "lent" if self.budget is not None else "split"
         self._runs = 0
         self._trial: dict[str, float] = {}  # mode -> its fastest run: seconds per mb
+        self._period_start = 0  # the run that starts the current trial period
+        self._period = TRIAL_EVERY  # runs from this trial to the next
+        self._last_pick: str | None = None  # what the previous trial chose
 
     def mode(self) -> str:
         """How the next run computes: ``split`` (each worker on its ``threads``), ``lent``
         (compute actions borrow from ``budget``) or ``one thread`` (one worker runs every stage
         on every core)."""
-        phase, count = self._runs % TRIAL_EVERY, len(self.trials)
+        phase, count = self._runs - self._period_start, len(self.trials)
         if count and self._runs and 1 <= phase <= count * TRIAL_RUNS:
             return self.trials[(phase - 1) % count]  # a trial: the modes in turn
         return self.choice
@@ -261,13 +269,15 @@ class CoreShare:
     ) -> None:
         """Record one run: each IPU worker's thread-seconds of compute and its mean threads, and
         the run's wall time per micro-batch (for the trials)."""
-        mode, phase = self.mode(), self._runs % TRIAL_EVERY
+        mode, phase = self.mode(), self._runs - self._period_start
         self._runs += 1
+        if self._runs - self._period_start >= self._period:
+            self._period_start = self._runs
         last = len(self.trials) * TRIAL_RUNS
         if self._runs > 1 and 1 <= phase <= last and seconds_per_mb is not None:
             self._trial[mode] = min(self._trial.get(mode, seconds_per_mb), seconds_per_mb)
             if phase == last and len(self._trial) == len(self.trials):
-                self.choice = self._fastest()
+                self._pick(self._fastest())
             if phase == last:
                 self._trial.clear()
         if mode == "one thread":
@@ -282,6 +292,12 @@ class CoreShare:
             )
         if self.budget is not None and len(self.cost) == len(self.threads):
             self.threads = apportion(self.cost, self.cores)
+
+    def _pick(self, mode: str) -> None:
+        """Take a trial's choice; the next trial comes twice as late if it kept the last one's."""
+        kept = mode == self._last_pick
+        self._period = min(2 * self._period, TRIAL_EVERY_MAX) if kept else TRIAL_EVERY
+        self._last_pick = self.choice = mode
 
     def _fastest(self) -> str:
         """The trial's fastest mode, if within ``TRIAL_MARGIN`` of the split's time, else split."""
