@@ -176,3 +176,35 @@ def test_a_replicated_model_dropped_without_destroy_stops_its_threads() -> None:
     while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not any(t.is_alive() for t in threads)
+
+
+def test_a_call_returns_once_its_replicas_are_done_without_a_poll_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A replica thread that is slow to leave its job after handing over its last result (here
+    # 0.2 s, as a thread the OS parks would be): the caller waits until the thread marks the
+    # job done, not for a next result of a job that has none left, which would last a whole
+    # poll interval (here made 30 s) per call.
+    from poptorch_sim.executor import replica_threads
+
+    monkeypatch.setattr(replica_threads, "POLL_S", 30.0)
+    hand_over = replica_threads._Replica._put
+
+    def slow_to_leave(self: replica_threads._Replica, item: object, job: object) -> bool:
+        handed = hand_over(self, item, job)
+        time.sleep(0.2)
+        return handed
+
+    monkeypatch.setattr(replica_threads._Replica, "_put", slow_to_leave)
+    opts = poptorch.Options().replicationFactor(2)
+    opts.Training.gradientAccumulation(2)
+    model = Recording()
+    training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    training(x, y)
+    assert training._executable.program.replica_threads is not None
+    start = time.monotonic()
+    for _ in range(3):
+        training(x, y)
+    assert time.monotonic() - start < 10.0
+    training.destroy()

@@ -21,7 +21,11 @@ micro-batches ahead of the caller (bounded queues), so at most ``2R`` gradient s
 Measured (``taskset -c 0,1 python3 benchmarks/scale_out.py --quick --skip-sizes``, 2026-11-25,
 commit b103392, two cores of an idle 16-core Intel Xeon, torch 2.11, load average 1.2): one
 process with 2 replicas did 1.92x the samples/s of one replica (18,151 against 9,433); two
-processes with one replica each, 1.35x.
+processes with one replica each, 1.35x. A call ends once every replica thread has marked its
+job done; it used to wait for one more result instead, a whole poll interval (50 ms) whenever a
+thread marked its job done just after the caller took its last result, which on a 2-vCPU AMD
+EPYC Zen 4 (dev-zen4, quiet, the same command without ``taskset``, 2026-11-26) held 2 replicas
+to 0.68-0.91x of one replica in four runs; waiting for the mark itself: 1.44-1.73x in three.
 
 Replicas run on threads only where that cannot change what the loop computes; otherwise (and
 when a model cannot be copied) the one-thread loop runs, as before:
@@ -159,7 +163,7 @@ class _Replica:
 
     def _put(self, item: Any, job: _Job) -> bool:
         """Hand ``item`` to the caller; False when the caller gave the job up."""
-        return polled_put(self.results, item, job.abort)
+        return polled_put(self.results, item, job.abort) and not job.abort.is_set()
 
 
 class ReplicaThreads:
@@ -256,13 +260,16 @@ class ReplicaThreads:
         raise Error(f"replica {r} failed on its micro-batch {mb}: {exc}") from exc
 
     def _drain(self, jobs: list[_Job]) -> None:
-        """Empty the result queues once every thread has left its job (after a failure)."""
+        """Wait until every thread has left its job, emptying its result queue (after a failure
+        a thread may be waiting for room in it); the next run starts from empty queues. A thread
+        that has handed over its last result is waited for only until it marks its job done."""
         for rep, thread, job in zip(self._replicas, self._threads, jobs):
-            while not job.done.is_set() and thread.is_alive():
-                try:
-                    rep.results.get(timeout=POLL_S)
-                except queue.Empty:
-                    continue
+            while True:
+                while not rep.results.empty():
+                    rep.results.get_nowait()
+                if job.done.is_set() or not thread.is_alive():
+                    break
+                job.done.wait(POLL_S)
             while not rep.results.empty():
                 rep.results.get_nowait()
 
