@@ -71,6 +71,12 @@ def threads_per_ipu() -> int | None:
     return int(raw)
 
 
+def worker_memory() -> bool:
+    """``POPTORCH_SIM_WORKER_MEMORY``: IPU worker threads take their large tensors from a pool
+    kept mapped between steps (default on; ``0`` turns it off)."""
+    return (_get("POPTORCH_SIM_WORKER_MEMORY") or "1") != "0"
+
+
 def dist_timeout() -> float:
     """``POPTORCH_SIM_DIST_TIMEOUT``: seconds any wait on other processes may take (default 300).
 

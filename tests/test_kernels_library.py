@@ -46,6 +46,7 @@ SCHEMAS = [
     "poptorch_sim::engine_simd_family_runs(str family) -> int[]",
     "poptorch_sim::engine_simd_level() -> str",
     "poptorch_sim::engine_supported_simd_level() -> str",
+    "poptorch_sim::enter_worker_memory(bool pooled) -> bool",
     "poptorch_sim::grad_norm(Tensor[] grads, float loss_scaling) -> Tensor",
     "poptorch_sim::increment_steps_(Tensor(a!)[] steps) -> float[]",
     (
@@ -78,6 +79,8 @@ SCHEMAS = [
         "poptorch_sim::topk(Tensor self, int k, int dim=-1, bool largest=True, "
         "bool sorted=True) -> (Tensor values, Tensor indices)"
     ),
+    "poptorch_sim::trim_worker_memory() -> int",
+    "poptorch_sim::worker_memory_stats() -> int[]",
 ]
 
 

@@ -53,6 +53,7 @@ from torch.utils import _pytree as pytree
 from ..errors import Error
 from ..ipu_context import running_on_ipu
 from ..ops.control import training_graph
+from ..runtime import worker_memory
 from ..runtime.intra_op import (
     pinned_threads_per_ipu,
     release_team,
@@ -128,6 +129,7 @@ class _Replica:
 
     def main(self) -> None:
         set_worker_threads(self.threads)
+        worker_memory.enter()
         self.ready.release()
         while True:
             job = self.inbox.get()

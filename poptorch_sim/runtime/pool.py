@@ -16,6 +16,7 @@ import torch
 from ..errors import Error
 from ..profiling.trace import TraceRecorder
 from ..program import StagedProgram
+from . import worker_memory
 from .cores import CoreBudget
 from .failure import StageFailure
 from .routes import HOST, Routes
@@ -136,3 +137,4 @@ def stop_workers(workers: list[IpuWorker]) -> None:
     for worker in workers:
         worker.inbox.put(STOP)
     join_all(worker.thread for worker in workers)
+    worker_memory.trim()

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..profiling.trace import TraceRecorder
+from . import worker_memory
 from .actions import Action, ActionKind
 from .cores import CoreBudget
 from .failure import StageFailure, graph_node_of
@@ -215,6 +216,7 @@ class IpuWorker:
 
     def _start_up(self) -> None:
         set_worker_threads(self.threads)
+        worker_memory.enter()
         self._running = self.threads
         self._count_threads(self.threads)
         if self.device.type == "cuda":
