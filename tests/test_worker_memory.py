@@ -162,3 +162,35 @@ def test_training_through_the_pool_gives_eagers_outputs_and_weights(strategy: st
     training.destroy()
     torch.testing.assert_close(model.state_dict(), reference.state_dict(), rtol=0, atol=0)
     assert worker_memory.stats().reused > before.reused  # the later calls reused blocks
+
+
+class OneIpu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 8))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.body(x)
+        return out, nn.functional.cross_entropy(out, y)
+
+
+def test_a_one_ipu_model_uses_the_pool_on_the_callers_thread_only_during_a_call() -> None:
+    torch.manual_seed(0)
+    model = OneIpu()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(2)
+    wrapped = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    before = worker_memory.stats()
+    for _ in range(3):
+        x, y = torch.randn(512, 512), torch.randint(0, 8, (512,))
+        wrapped(x, y)
+        train_reference(reference, optimizer, (x, y), di=1, ga=2, r=1)
+    assert worker_memory.stats().reused > before.reused
+    torch.testing.assert_close(model.state_dict(), reference.state_dict(), rtol=0, atol=0)
+    after = worker_memory.stats()
+    outside = torch.ones(LARGE)  # the caller's own tensors, after the call
+    assert worker_memory.stats().in_use_bytes == after.in_use_bytes
+    assert outside.sum().item() == LARGE
+    wrapped.destroy()

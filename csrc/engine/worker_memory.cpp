@@ -10,17 +10,18 @@
 // (getrusage's ru_minflt around each call), about a second of its 3.5.
 //
 // So the CPU allocator of the process becomes this one, and on the threads that asked for it
-// (IPU workers, replica threads: enter_worker_memory) blocks of at least kWorkerBlockMin bytes
-// come from a pool, as CUDA tensors come from PyTorch's caching allocator: a block goes back to
-// the pool when its last tensor dies (on whichever thread), and the next request of the same
-// rounded size (block_size in output_cache.h: whole 4 KiB pages, or whole 2 MiB pages with a
-// huge-page hint from 8 MiB) takes a block that is already mapped, or one at most a quarter
-// larger. Every other allocation, and every allocation on other threads (the user's own eager
-// code), goes to the allocator that was there before, unchanged. Idle blocks are kept up to the
-// most bytes the pool's tensors have held at once (a loop of the same shapes never reaches it;
-// past it a released block is freed), and trim_worker_memory frees them all (when a program's
-// workers stop). The pool is locked around fork so that a child (DataLoader workers) finds it
-// usable; a child frees what it releases instead of keeping it.
+// (IPU workers, replica threads, the caller's thread during a call: enter_worker_memory), blocks
+// of at least kWorkerBlockMin bytes come from a pool, as CUDA tensors come from PyTorch's caching
+// allocator: a block goes back to the pool when its last tensor dies (on whichever thread), and
+// the next request of the same rounded size (block_size in output_cache.h: whole 4 KiB pages, or
+// whole 2 MiB pages with a huge-page hint from 8 MiB) takes a block that is already mapped, or one
+// at most a quarter larger. Every other allocation, and every allocation on other threads (the
+// user's own eager code), goes to the allocator that was there before, unchanged. Idle blocks are
+// kept up to the most bytes the pool's tensors have held at once (a loop of the same shapes never
+// reaches it; past it a released block is freed), and trim_worker_memory frees them all (when a
+// program's workers stop). The pool is locked around fork so that a child (DataLoader workers)
+// finds it usable; a child frees what it releases instead of keeping it. With the pool, the same
+// Llama call took about 105 faults in all (the same harness, 2026-11-26).
 #include <sys/types.h>
 #include <pthread.h>
 #include <unistd.h>

@@ -12,6 +12,7 @@ from torch.utils import _pytree as pytree
 from ..enums import OutputMode
 from ..logger import warning_once
 from ..options import Options
+from ..runtime import worker_memory
 from ..runtime.dtypes import device_dtype
 from ..runtime.io_tiles import IoTiles
 from .eager import EagerProgram
@@ -69,6 +70,10 @@ class Executable:
             The outputs, shaped as ``forward``'s and joined per ``Options.outputMode``, and the
             call's performance record.
         """
+        with worker_memory.pooled():  # as the IPU workers: See [Note: worker memory]
+            return self._run(bound, options)
+
+    def _run(self, bound: BoundArgs, options: Options) -> tuple[Any, PerfRecord]:
         collector = OutputCollector(
             OutputMode(options.output_mode),
             options.output_return_period,

@@ -1,20 +1,26 @@
 """The large tensors of IPU worker threads, from a pool kept mapped between steps.
 
 See [Note: worker memory] in ``csrc/engine/worker_memory.cpp``: on the threads that ``enter``
-(IPU workers, replica threads), blocks of 128 KiB and more come from a pool of blocks already
-faulted in, instead of fresh pages from the kernel each step; every other thread's allocations
-go to PyTorch's allocator as before. ``POPTORCH_SIM_WORKER_MEMORY=0`` turns it off.
+(IPU workers, replica threads) and on the caller's thread during a call (``pooled``), blocks of
+128 KiB and more come from a pool of blocks already faulted in, instead of fresh pages from the
+kernel each step; every other allocation goes to PyTorch's allocator as before.
+``POPTORCH_SIM_WORKER_MEMORY=0`` turns it off.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
 
 from .. import env
 
-__all__ = ["WorkerMemoryStats", "enter", "stats", "trim"]
+__all__ = ["WorkerMemoryStats", "enter", "pooled", "stats", "trim"]
+
+_thread = threading.local()  # .pooled: whether this thread's large tensors come from the pool
 
 
 class WorkerMemoryStats(NamedTuple):
@@ -38,11 +44,26 @@ def _ops() -> object | None:
     return torch.ops.poptorch_sim
 
 
-def enter() -> bool:
+def enter(on: bool = True) -> bool:
     """The calling thread's large tensors come from the pool from now on (unless
-    ``POPTORCH_SIM_WORKER_MEMORY=0`` or the kernels are not built). Returns whether they do."""
-    ops = _ops() if env.worker_memory() else None
-    return ops is not None and bool(ops.enter_worker_memory(True))  # type: ignore[attr-defined]
+    ``POPTORCH_SIM_WORKER_MEMORY=0`` or the kernels are not built), or no longer (``on``
+    False). Returns whether they do."""
+    ops = _ops() if env.worker_memory() or not on else None
+    now = ops is not None and bool(ops.enter_worker_memory(on)) and on  # type: ignore[attr-defined]
+    _thread.pooled = now
+    return now
+
+
+@contextmanager
+def pooled() -> Iterator[None]:
+    """The calling thread's large tensors come from the pool inside the block (as ``enter``)."""
+    if getattr(_thread, "pooled", False) or not enter():
+        yield
+        return
+    try:
+        yield
+    finally:
+        enter(False)
 
 
 def trim() -> int:
