@@ -17,10 +17,13 @@
 // register. With AVX2 and the baseline, those lane steps run on two vectors at once: their lanes
 // are regrouped (two permutes before each step) so that each lane step becomes a minimum and a
 // maximum of whole vectors, and put back after the last one (see lane_cleaners_pair: 12
-// instructions for both steps on two vectors, where one vector at a time took 16). The first
-// log2(W) stages sort each vector on its own.
+// instructions for both steps on two vectors, where one vector at a time took 16). With AVX-512
+// the three lane steps run on two vectors at once the same way (lane_cleaners_pair8: 8
+// two-vector permutes and 6 minima and maxima, where one vector at a time took 12 instructions
+// per vector). The first log2(W) stages sort each vector on its own.
 //
-// Rows of at least W * kRun items first sort their runs of kRun items by columns (see [Note:
+// Rows of at least W * kRun items first sort runs of up to kColumnMax items by column chunks,
+// comparing whole vectors only (see [Note: column chunks] in bitonic/steps.inc, and [Note:
 // column networks]); the stages up to a block of 8 vectors run on the block held in registers,
 // and so do the last steps of every later stage (all of distance below the block): only the
 // steps of longer distance go through memory, up to three of them per pass over the row (the
