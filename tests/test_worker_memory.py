@@ -194,3 +194,13 @@ def test_a_one_ipu_model_uses_the_pool_on_the_callers_thread_only_during_a_call(
     assert worker_memory.stats().in_use_bytes == after.in_use_bytes
     assert outside.sum().item() == LARGE
     wrapped.destroy()
+
+
+def test_destroy_frees_the_idle_blocks() -> None:
+    model = OneIpu()
+    wrapped = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(2))
+    wrapped(torch.randn(1024, 512), torch.randint(0, 8, (1024,)))
+    wrapped(torch.randn(1024, 512), torch.randint(0, 8, (1024,)))
+    assert worker_memory.stats().idle_bytes > 0
+    wrapped.destroy()
+    assert worker_memory.stats().idle_bytes == 0

@@ -117,11 +117,13 @@ class Executable:
         return (None if spec is None else pytree.tree_unflatten(leaves, spec)), perf
 
     def close(self) -> None:
-        """Stop the IO threads and the program's worker threads; let go of kept outputs."""
+        """Stop the IO threads and the program's worker threads; let go of kept outputs and of
+        the worker memory's idle blocks."""
         self.host_outputs.clear()
         if self.io is not None:
             self.io.close()
         self.program.close()
+        worker_memory.trim()
 
 
 def to_device_dtype(t: torch.Tensor) -> torch.Tensor:
