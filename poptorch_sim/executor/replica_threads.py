@@ -266,14 +266,15 @@ class ReplicaThreads:
         a thread may be waiting for room in it); the next run starts from empty queues. A thread
         that has handed over its last result is waited for only until it marks its job done."""
         for rep, thread, job in zip(self._replicas, self._threads, jobs):
-            while True:
-                while not rep.results.empty():
-                    rep.results.get_nowait()
-                if job.done.is_set() or not thread.is_alive():
-                    break
+            while not job.done.is_set() and thread.is_alive():
+                _empty(rep.results)
                 job.done.wait(POLL_S)
-            while not rep.results.empty():
-                rep.results.get_nowait()
+            _empty(rep.results)
+
+
+def _empty(results: queue.Queue[Any]) -> None:
+    while not results.empty():
+        results.get_nowait()
 
 
 def _accumulate(params: list[nn.Parameter], grads: list[torch.Tensor | None]) -> None:
