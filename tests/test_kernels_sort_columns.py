@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_sort_short import LEVELS, _bits, _check, _check_8_lanes, _rows
+from test_kernels_sort_short import (
+    LEVELS,
+    _check,
+    _check_8_lanes,
+    _nan_and_zeros,
+    _ordered_keys,
+    _rows,
+    _same_bits_at_every_level,
+)
 
 from poptorch_sim import kernels
 
@@ -28,20 +36,14 @@ def test_column_chunks_match_stable_torch_sort(level: str, dtype: torch.dtype) -
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("n", [128, 256, 1024], ids=lambda n: f"n{n}")
 def test_column_chunks_of_ordered_and_repeated_keys(level: str, n: int) -> None:
-    up = torch.arange(n, dtype=torch.float64)
-    patterns = [up, up.flip(0), torch.cat([up[: n // 2], up[: n // 2].flip(0)]), up % 3]
-    patterns += [torch.zeros(n), (up % 2) * 5, up.remainder(16).flip(0) - 7.5]
     with kernels.simd(level):
-        for x in patterns:
+        for x in _ordered_keys(n, period=16):
             for dtype in (torch.float32, torch.int16, torch.bfloat16):
                 _check(x.to(dtype).repeat(2, 1))
                 _check(x.to(dtype).repeat(2, 1), descending=True)
         _check(torch.full((2, n), float("nan")))
-        nan_and_zeros = torch.zeros(2, n)
-        nan_and_zeros[:, ::3] = -0.0
-        nan_and_zeros[:, 1::7] = float("nan")
-        _check(nan_and_zeros)
-        _check(nan_and_zeros.half(), descending=True)
+        _check(_nan_and_zeros(n))
+        _check(_nan_and_zeros(n).half(), descending=True)
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -60,15 +62,9 @@ def test_long_rows_of_16_bit_keys(level: str, dtype: torch.dtype) -> None:
 
 
 def test_column_chunks_give_the_same_bits_at_every_level() -> None:
-    cases = [_rows(3, n, dtype, seed=n) for n in (128, 256, 1024, 20_000) for dtype in DTYPES]
-    results = []
-    for level in LEVELS:
-        with kernels.simd(level), kernels.tiles(1):
-            results.append([kernels.sort(x, descending=True) for x in cases])
-    for other in results[1:]:
-        for (got_values, got_indices), (values, indices) in zip(other, results[0], strict=True):
-            assert torch.equal(got_indices, indices)
-            assert torch.equal(_bits(got_values), _bits(values))
+    _same_bits_at_every_level(
+        [_rows(3, n, dtype, seed=n) for n in (128, 256, 1024, 20_000) for dtype in DTYPES]
+    )
 
 
 @pytest.mark.skipif("avx2" not in LEVELS, reason="the 8-lane network is compiled for AVX2 here")

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_sort_short import LEVELS, _bits, _check, _check_8_lanes, _rows, _wide_rows
+from test_kernels_sort_short import (
+    LEVELS,
+    _check,
+    _check_8_lanes,
+    _nan_and_zeros,
+    _ordered_keys,
+    _rows,
+    _same_bits_at_every_level,
+    _wide_rows,
+)
 
 from poptorch_sim import kernels
 
@@ -30,21 +39,15 @@ def test_partitioned_rows_match_stable_torch_sort(level: str, dtype: torch.dtype
 def test_partitioned_rows_of_ordered_and_repeated_keys(level: str, n: int) -> None:
     # Every partition's pivot is an item of its piece (keys and indices make items distinct), so
     # sorted, reversed, organ-pipe rows and rows of few distinct keys are cut like random ones.
-    up = torch.arange(n, dtype=torch.float64)
-    patterns = [up, up.flip(0), torch.cat([up[: n // 2], up[: n // 2].flip(0)]), up % 3]
-    patterns += [torch.zeros(n), (up % 2) * 5, up.remainder(64).flip(0) - 7.5]
     with kernels.simd(level):
-        for x in patterns:
+        for x in _ordered_keys(n, period=64):
             _check(x.float().repeat(2, 1))
             _check(x.float().repeat(2, 1), descending=True)
             _check(x.to(torch.int64).repeat(2, 1) << 35, descending=True)  # span > 2^32
             _check(x.double().repeat(2, 1) * 1e300)
         _check(torch.full((2, n), float("nan")))
-        nan_and_zeros = torch.zeros(2, n)
-        nan_and_zeros[:, ::3] = -0.0
-        nan_and_zeros[:, 1::7] = float("nan")
-        _check(nan_and_zeros)
-        _check(nan_and_zeros, descending=True)
+        _check(_nan_and_zeros(n))
+        _check(_nan_and_zeros(n), descending=True)
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -64,14 +67,7 @@ def test_partitioned_wide_keys_with_runs_of_equal_windows(level: str, dtype: tor
 def test_partitioned_rows_give_the_same_bits_at_every_level() -> None:
     cases = [_rows(3, n, dtype, seed=n) for n in (600, 3001, 20_000) for dtype in DTYPES]
     cases += [_wide_rows(dtype, seed=32) for dtype in (torch.int64, torch.float64)]
-    results = []
-    for level in LEVELS:
-        with kernels.simd(level), kernels.tiles(1):
-            results.append([kernels.sort(x, descending=True) for x in cases])
-    for other in results[1:]:
-        for (got_values, got_indices), (values, indices) in zip(other, results[0], strict=True):
-            assert torch.equal(got_indices, indices)
-            assert torch.equal(_bits(got_values), _bits(values))
+    _same_bits_at_every_level(cases)
 
 
 @pytest.mark.skipif("avx2" not in LEVELS, reason="the 8-lane network is compiled for AVX2 here")

@@ -92,6 +92,34 @@ def test_non_contiguous_rows_and_other_dims() -> None:
     _check(_rows(1, 50, torch.int16, seed=6).view(50), dim=0)  # one 1-D row
 
 
+def _ordered_keys(n: int, period: int) -> list[torch.Tensor]:
+    """Rows of n float64 keys: sorted, reversed, organ pipe, few keys, all equal, two values, a
+    reversed sawtooth of ``period``."""
+    up = torch.arange(n, dtype=torch.float64)
+    patterns = [up, up.flip(0), torch.cat([up[: n // 2], up[: n // 2].flip(0)]), up % 3]
+    return patterns + [torch.zeros(n), (up % 2) * 5, up.remainder(period).flip(0) - 7.5]
+
+
+def _nan_and_zeros(n: int) -> torch.Tensor:
+    """Two float32 rows of n: 0.0, with -0.0 every third item and NaN every seventh from 1."""
+    x = torch.zeros(2, n)
+    x[:, ::3] = -0.0
+    x[:, 1::7] = float("nan")
+    return x
+
+
+def _same_bits_at_every_level(cases: list[torch.Tensor]) -> None:
+    """Each case sorted (descending, one tile) at every SIMD level gives the same bits."""
+    results = []
+    for level in LEVELS:
+        with kernels.simd(level), kernels.tiles(1):
+            results.append([kernels.sort(x, descending=True) for x in cases])
+    for other in results[1:]:
+        for (got_values, got_indices), (values, indices) in zip(other, results[0], strict=True):
+            assert torch.equal(got_indices, indices)
+            assert torch.equal(_bits(got_values), _bits(values))
+
+
 def _wide_rows(dtype: torch.dtype, seed: int) -> torch.Tensor:
     """64-bit rows whose keys span more than 2^32 and many of which differ in their low bits only:
     the network sorts them by a window of 32 bits, runs of equal windows are sorted after it (see
