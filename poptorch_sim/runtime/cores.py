@@ -48,19 +48,21 @@ program]; Llama training, dev-zen4, quiet, the trial's runs: 5,268-5,367 ms on t
 4,369-4,533 ms lent, 3,796-4,071 ms on one thread, ``benchmarks/RESULTS.md``). So the runtime tries the
 modes of ``MODES`` in turn: after the first run (lent, not judged: one-off costs), ``TRIAL_RUNS``
 runs each of the split by measured work (``apportion``: ``round(cores * share)`` threads each,
-at least 1; the equal split before anything is measured), lending, and one thread (where the
-runtime can: more than one IPU, all on the CPU); the runs after take the mode whose fastest run
-per micro-batch was fastest if that took at most ``TRIAL_MARGIN`` of the split's fastest, else
-the split (which follows the smoothed work); the trial repeats ``TRIAL_EVERY`` runs after it
-started, and each trial that chose what the one before chose doubles that gap, up to
+at least 1; the equal split before anything is measured), lending, one thread (where the
+runtime can: more than one IPU, all on the CPU) and, for inference, micro-batches side by side
+(See [Note: micro-batches side by side]); the runs after take the mode whose fastest run per
+micro-batch was fastest if that took at most ``TRIAL_MARGIN`` of the split's fastest, else the
+split (which follows the smoothed work). A sharded program, on one thread, has trials only
+where side by side is offered: one thread against it. The trial repeats ``TRIAL_EVERY`` runs
+after it started, and each trial that chose what the one before chose doubles that gap, up to
 ``TRIAL_EVERY_MAX`` runs (a choice that changes sets it back). A trial's slower modes cost
 about 3% of the 40 runs that follow it in GPT-2's and Llama's training (the trials' times on
 the scoreboard in ``benchmarks/RESULTS.md``); a choice that holds is re-checked less often.
 Balanced pipelines mostly keep the split (same machine: BERT training 825 vs 905 ms, ViT
 training 421 vs 476 ms, split vs lent), and lending pays where a stage holds most of the work and
 the split cannot give it a second core (Llama, 66-71% on IPU 0: 3,949 ms on the split, 2,729 ms
-lent, xeon-avx512 pinned to 2 cores). Runs on one thread leave ``cost`` and ``mean_threads``
-alone: one thread's compute time is every IPU's at once.
+lent, xeon-avx512 pinned to 2 cores). Runs on one thread or side by side leave ``cost`` and
+``mean_threads`` alone: such a thread's compute time is every IPU's at once.
 
 Numbers: the same ops run on the same values in the same order, with the same schedule and the
 same actions; only the number of threads an op may use changes, which can change the last bits
@@ -79,7 +81,7 @@ from collections.abc import Mapping
 __all__ = ["CoreBudget", "CoreShare", "apportion", "MODES", "POLICIES"]
 
 POLICIES = ("fixed", "serial", "lent")
-MODES = ("split", "lent", "one thread")  # how one run of a ``lent`` program computes
+MODES = ("split", "lent", "one thread", "side by side")  # how one run of a program computes
 SMOOTHING = 0.5  # weight of the newest run in the smoothed cost
 WARMUP_RUNS = 1  # runs not measured
 PATIENCE_S = 1.0  # the longest a worker waits for a lent core before taking one anyway
@@ -201,6 +203,9 @@ class CoreShare:
         serial: only one IPU computes at a time (sharded execution): each gets every core.
         one_thread: the runtime can run every stage on one worker thread (the trials of a
             ``lent`` program then try that mode too).
+        side_by_side: the runtime can compute micro-batches side by side, one worker thread per
+            core (See [Note: micro-batches side by side]): the trials try that mode too, and a
+            ``serial`` program's trials compare it with one thread.
 
     Attributes:
         threads: IPU -> the worker's threads when it does not borrow (under ``lent``: the split
@@ -228,6 +233,7 @@ class CoreShare:
         fixed: int | None = None,
         serial: bool = False,
         one_thread: bool = False,
+        side_by_side: bool = False,
     ) -> None:
         self.cores = max(1, cores)
         self.budget: CoreBudget | None = None
@@ -240,12 +246,16 @@ class CoreShare:
         elif serial:
             self.policy = "serial"
             self.threads = dict.fromkeys(ipus, self.cores)
+            self.trials = ("one thread", "side by side") if side_by_side else ()
         else:
             self.policy = "lent"
             self.threads = apportion(dict.fromkeys(ipus, 0.0), self.cores)
             self.budget = CoreBudget(self.cores, self.cost)
-            self.trials = MODES if one_thread else MODES[:2]
+            offered = {"one thread": one_thread, "side by side": side_by_side}
+            self.trials = tuple(m for m in MODES if offered.get(m, True))
         self.choice = "lent" if self.budget is not None else "split"
+        if self.trials and self.budget is None:
+            self.choice = self.trials[0]
         self._runs = 0
         self._trial: dict[str, float] = {}  # mode -> its fastest run: seconds per mb
         self._period_start = 0  # the run that starts the current trial period
@@ -254,8 +264,8 @@ class CoreShare:
 
     def mode(self) -> str:
         """How the next run computes: ``split`` (each worker on its ``threads``), ``lent``
-        (compute actions borrow from ``budget``) or ``one thread`` (one worker runs every stage
-        on every core)."""
+        (compute actions borrow from ``budget``), ``one thread`` (one worker runs every stage
+        on every core) or ``side by side`` (one worker per core, each on whole micro-batches)."""
         phase, count = self._runs - self._period_start, len(self.trials)
         if count and self._runs and 1 <= phase <= count * TRIAL_RUNS:
             return self.trials[(phase - 1) % count]  # a trial: the modes in turn
@@ -280,8 +290,8 @@ class CoreShare:
                 self._pick(self._fastest())
             if phase == last:
                 self._trial.clear()
-        if mode == "one thread":
-            return  # one thread's work is not each IPU's
+        if mode in ("one thread", "side by side"):
+            return  # such a thread's work is not one IPU's
         self.mean_threads = dict(mean_threads)
         if self._runs <= WARMUP_RUNS:
             return
@@ -300,21 +310,25 @@ class CoreShare:
         self._last_pick = self.choice = mode
 
     def _fastest(self) -> str:
-        """The trial's fastest mode, if within ``TRIAL_MARGIN`` of the split's time, else split."""
+        """The trial's fastest mode, if within ``TRIAL_MARGIN`` of the first mode's time (the
+        split's, or one thread's for a serial program), else the first."""
+        first = self.trials[0]
         best = min(self.trials[1:], key=self._trial.__getitem__)
-        return best if self._trial[best] <= TRIAL_MARGIN * self._trial["split"] else "split"
+        return best if self._trial[best] <= TRIAL_MARGIN * self._trial[first] else first
 
     def describe(self) -> str:
         """One line for logs: the policy and the split (under ``lent``, what the last run used)."""
         split = ", ".join(f"IPU {ipu}: {n}" for ipu, n in sorted(self.threads.items()))
+        others = [{"lent": "lending"}.get(m, m) for m in self.trials if m != self.choice]
+        slower = " and ".join(filter(None, (", ".join(others[:-1]), *others[-1:])))
+        if self.choice == "side by side":
+            return f"micro-batches side by side on {self.cores} threads ({slower} measured slower)"
         if self.policy != "lent":
             return f"{self.policy} split of {self.cores} cores ({split})"
         if self.choice != "lent":
-            others = [{"lent": "lending"}.get(m, m) for m in self.trials if m != self.choice]
-            slower = " and ".join(others) + " measured slower"
             if self.choice == "one thread":
-                return f"one thread on {self.cores} cores ({slower})"
-            return f"measured split of {self.cores} cores ({split}; {slower})"
+                return f"one thread on {self.cores} cores ({slower} measured slower)"
+            return f"measured split of {self.cores} cores ({split}; {slower} measured slower)"
         used = ", ".join(f"IPU {i}: {n:.1f}" for i, n in sorted(self.mean_threads.items()))
         total = sum(self.cost.values())
         work = ", ".join(

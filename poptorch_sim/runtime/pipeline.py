@@ -55,9 +55,17 @@ from .actions import Action
 from .cores import CoreShare
 from .in_place import in_place_module
 from .intra_op import pinned_threads_per_ipu, release_team, restore_default_threads
-from .pool import default_devices, make_executors, make_workers, start_workers, stop_workers
+from .pool import (
+    default_devices,
+    make_executors,
+    make_side_workers,
+    make_workers,
+    start_workers,
+    stop_workers,
+)
 from .routes import HOST, routes_of
 from .schedules import SCHEDULES, Schedule, make_schedule
+from .side_by_side import independent_micro_batches, side_actions
 from .stage import StageExecutor, prepare_backward
 from .threads import POLL_S
 from .worker import Abort, Failed, Finished, IpuWorker, Job, Output, Transfer
@@ -125,12 +133,19 @@ class PipelineRuntime:
         all_cpu = all(d.type == "cpu" for d in self.devices.values())
         on_cpu = len(ipus) > 1 and all_cpu
         sharded = self.schedule_name == "sharded"
+        # See [Note: micro-batches side by side]
+        side = (
+            on_cpu
+            and not training
+            and independent_micro_batches(spec.module for spec in program.stages)
+        )
         self.cores = CoreShare(
             ipus,
             self._main_threads,
             pinned_threads_per_ipu(threads_per_ipu),
             serial=sharded,
             one_thread=on_cpu and not sharded,
+            side_by_side=side,
         )
         self._given = dict(self.cores.threads)  # the split the workers run with
         self._cost_s: dict[int, float] = {}  # per IPU, the current run's (see Finished.cost_s)
@@ -140,11 +155,13 @@ class PipelineRuntime:
         if not training and all_cpu:
             self._prepare_in_place()
         self._always_one_thread = on_cpu and sharded
-        # the worker sets, built when first used: one worker per IPU (False) or one for all (True)
-        self._sets: dict[bool, dict[int, IpuWorker]] = {}
+        # the worker sets, built when first used: one worker per IPU ("split"), one for all
+        # ("one thread") or one per core on whole micro-batches ("side by side")
+        self._sets: dict[str, dict[int, IpuWorker]] = {}
         self._threads: list[IpuWorker] = []  # every worker started, for close()
         self._finalizer = weakref.finalize(self, stop_workers, self._threads)
-        self._workers = self._worker_set(self._always_one_thread)  # the current run's
+        self._kind = "one thread" if self._always_one_thread else "split"
+        self._workers = self._worker_set(self._kind)  # the current run's
         self._by_stage = {s: w for w in self._workers.values() for s in w.stages}
         self._schedules: dict[int, Schedule] = {}
         self._one_thread_schedules: dict[int, Schedule] = {}
@@ -192,21 +209,33 @@ class PipelineRuntime:
             return dict.fromkeys(self.devices, self.cores.cores)
         return dict(self.cores.threads)
 
-    def _worker_set(self, one_thread: bool) -> dict[int, IpuWorker]:
-        """The workers of one thread per IPU, or of one thread for all; started when first
-        asked for (a failure to start closes the runtime)."""
-        if one_thread not in self._sets:
-            workers = make_workers(
-                self.program,
-                self._executors,
-                self.routes,
-                self.devices,
-                self._start_threads(one_thread),
-                self._reports,
-                self.trace,
-                budget=None if one_thread else self.cores.budget,
-                one_thread=one_thread,
-            )
+    def _worker_set(self, kind: str) -> dict[int, IpuWorker]:
+        """The workers of one thread per IPU (``split``), of one thread for all (``one
+        thread``) or of one thread per core (``side by side``); started when first asked for
+        (a failure to start closes the runtime)."""
+        if kind not in self._sets:
+            one_thread = kind == "one thread"
+            if kind == "side by side":
+                workers = make_side_workers(
+                    self.program,
+                    self._executors,
+                    self.routes,
+                    self.cores.cores,
+                    self._reports,
+                    self.trace,
+                )
+            else:
+                workers = make_workers(
+                    self.program,
+                    self._executors,
+                    self.routes,
+                    self.devices,
+                    self._start_threads(one_thread),
+                    self._reports,
+                    self.trace,
+                    budget=None if one_thread else self.cores.budget,
+                    one_thread=one_thread,
+                )
             self._threads.extend(workers.values())
             try:
                 start_workers(list(workers.values()), self._reports)
@@ -215,8 +244,8 @@ class PipelineRuntime:
                 raise
             finally:
                 restore_default_threads(self._main_threads)  # [Note: per-thread intra-op threads]
-            self._sets[one_thread] = workers
-        return self._sets[one_thread]
+            self._sets[kind] = workers
+        return self._sets[kind]
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -232,16 +261,14 @@ class PipelineRuntime:
             )
         return self._schedules[num_microbatches]
 
-    def _worker_actions(
-        self, schedule: Schedule, one_thread: bool
-    ) -> dict[int, tuple[Action, ...]]:
+    def _worker_actions(self, schedule: Schedule, kind: str) -> dict[int, tuple[Action, ...]]:
         """Each worker's actions for a run of ``schedule``: its IPU's, or with one thread for
         all every stage's, in the order of the sharded schedule placed on that one IPU (See
-        [Note: one thread for a sharded program])."""
-        if not one_thread:
+        [Note: one thread for a sharded program]), or side by side those of every
+        ``copies``-th micro-batch (See [Note: micro-batches side by side])."""
+        if kind == "split":
             return {ipu: schedule.ipu_actions[ipu] for ipu in self._workers}
-        (home,) = self._workers
-        m = schedule.num_microbatches
+        home, m = min(self.devices), schedule.num_microbatches
         if m not in self._one_thread_schedules:
             self._one_thread_schedules[m] = make_schedule(
                 "sharded",
@@ -250,7 +277,12 @@ class PipelineRuntime:
                 training=self.training,
                 stage_ipus=(home,) * len(self.program.stages),
             )
-        return {home: self._one_thread_schedules[m].ipu_actions[home]}
+        actions = self._one_thread_schedules[m].ipu_actions[home]
+        if kind == "one thread":
+            (only,) = self._workers
+            return {only: actions}
+        copies = len(self._workers)
+        return {copy: side_actions(actions, copies, copy) for copy in self._workers}
 
     def stage_executors(self) -> dict[int, StageExecutor]:
         """Each stage's executor by stage index (e.g. to attach a memory probe between runs)."""
@@ -299,18 +331,24 @@ class PipelineRuntime:
         job_abort = threading.Event()
         resplit, self._given = self._given != self.cores.threads, dict(self.cores.threads)
         mode = self.cores.mode()  # See [Note: cores follow the work]
-        one_thread = self._always_one_thread or mode == "one thread"
-        workers = self._worker_set(one_thread)
+        if mode in ("one thread", "side by side"):
+            self._kind = mode
+        else:
+            self._kind = "one thread" if self._always_one_thread else "split"
+        workers = self._worker_set(self._kind)
         switched, self._workers = workers is not self._workers, workers
         self._by_stage = {s: w for w in self._workers.values() for s in w.stages}
         start = time.perf_counter()
-        if one_thread:
+        if self._kind != "split":
             release_team()  # the caller's: See [Note: one thread for a sharded program]
-        per_worker = self._worker_actions(schedule, one_thread)
+        per_worker = self._worker_actions(schedule, self._kind)
         # one thread runs the actions in order: no need to feed a serial run one at a time
-        serial = schedule.serial and not one_thread
+        serial = schedule.serial and self._kind == "split"
         for ipu, worker in self._workers.items():
-            threads = self.cores.cores if mode == "one thread" else self.cores.threads[ipu]
+            if mode in ("one thread", "side by side"):
+                threads = self.cores.cores if mode == "one thread" else 1
+            else:
+                threads = self.cores.threads[ipu]
             job = Job(
                 self._run_id,
                 per_worker[ipu],
@@ -376,13 +414,15 @@ class PipelineRuntime:
                 )
 
     def _feed(self, m: int, values: dict[str, torch.Tensor]) -> None:
-        """Send the program inputs of micro-batch ``m`` to every stage that reads them."""
+        """Send the program inputs of micro-batch ``m`` to every stage that reads them (side by
+        side: to the stages of the worker computing ``m``)."""
+        side = self._workers[m % len(self._workers)] if self._kind == "side by side" else None
         for spec in self.program.stages:
             names = self.routes.inputs_from[spec.index].get(HOST, ())
             if names or spec.index == 0:
                 payload: dict[str, torch.Tensor | None] = {n: values[n] for n in names}
                 transfer = Transfer(self._run_id, "act", spec.index, m, HOST, payload)
-                self._by_stage[spec.index].inbox.put(transfer)
+                (side or self._by_stage[spec.index]).inbox.put(transfer)
 
     def _drive(
         self,
@@ -406,7 +446,7 @@ class PipelineRuntime:
             if getattr(payload, "run_id", self._run_id) != self._run_id:
                 continue  # a late report of an aborted run
             if not ok:
-                pending.discard(payload.failure.ipu)
+                pending.discard(payload.worker)
                 self._abort(job_abort)
                 raise payload.failure.error() from payload.failure.exc
             if isinstance(payload, Output):
@@ -461,7 +501,7 @@ class PipelineRuntime:
             if getattr(payload, "run_id", None) != self._run_id:
                 continue
             if isinstance(payload, Failed):
-                pending.discard(payload.failure.ipu)
+                pending.discard(payload.worker)
             elif isinstance(payload, Finished):
                 pending.discard(payload.ipu)
         if pending:

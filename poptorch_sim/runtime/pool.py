@@ -20,6 +20,7 @@ from . import worker_memory
 from .cores import CoreBudget
 from .failure import StageFailure
 from .routes import HOST, Routes
+from .side_by_side import track_of
 from .stage import StageExecutor
 from .threads import POLL_S, join_all
 from .worker import STOP, IpuWorker, Ready
@@ -29,6 +30,7 @@ __all__ = [
     "default_devices",
     "make_executors",
     "make_workers",
+    "make_side_workers",
     "start_workers",
     "stop_workers",
 ]
@@ -104,6 +106,37 @@ def make_workers(
         )
     for worker in workers.values():
         worker.peers = {s.index: workers[homes[s.ipu]].inbox for s in program.stages}
+    return workers
+
+
+def make_side_workers(
+    program: StagedProgram,
+    executors: dict[int, StageExecutor],
+    routes: Routes,
+    copies: int,
+    reports: queue.Queue[tuple[bool, Any]],
+    trace: TraceRecorder | None,
+) -> dict[int, IpuWorker]:
+    """``copies`` (unstarted) CPU workers on one intra-op thread each, keyed 0, 1, ...; each
+    holds every stage's executor and computes whole micro-batches (See [Note: micro-batches
+    side by side])."""
+    ipu_of = {spec.index: spec.ipu for spec in program.stages}
+    workers: dict[int, IpuWorker] = {}
+    for copy in range(copies):
+        worker = IpuWorker(
+            copy,
+            dict(executors),
+            routes,
+            torch.device("cpu"),
+            1,
+            reports,
+            trace,
+            ipu_of=ipu_of,
+            track=track_of(copy),
+        )
+        worker.peers = dict.fromkeys(executors, worker.inbox)
+        worker.thread.name += f" side {copy}"
+        workers[copy] = worker
     return workers
 
 

@@ -117,8 +117,12 @@ class Finished:
 
 @dataclass(frozen=True)
 class Failed:
+    """A worker's failed run; ``worker`` is the reporting worker's ``ipu`` (where one thread
+    runs several IPUs' stages, not necessarily the failed stage's IPU)."""
+
     run_id: int
     failure: StageFailure
+    worker: int
 
 
 class _Aborted(Exception):
@@ -161,6 +165,8 @@ class IpuWorker:
         ipu_of: the IPU of each stage, where one thread runs the stages of several IPUs (a
             sharded program on the CPU, See [Note: one thread for a sharded program]); traces
             and failures name the stage's IPU. Default: every stage on ``ipu``.
+        track: the trace track of this thread's spans under each IPU ("": the IPU's own; a
+            copy of micro-batches side by side, See [Note: micro-batches side by side]).
     """
 
     def __init__(
@@ -174,8 +180,10 @@ class IpuWorker:
         trace: TraceRecorder | None,
         budget: CoreBudget | None = None,
         ipu_of: dict[int, int] | None = None,
+        track: str = "",
     ) -> None:
         self.ipu, self.stages, self.routes, self.device = ipu, stages, routes, device
+        self.track = track
         self.ipu_of = ipu_of if ipu_of is not None else dict.fromkeys(stages, ipu)
         self._ipus = sorted(set(self.ipu_of.values()))  # the IPUs whose stages this thread runs
         self.threads, self.reports, self.trace = threads, reports, trace
@@ -204,7 +212,7 @@ class IpuWorker:
         if not ok:  # reported, never raised across threads
             first = min(self.stages)
             failure = StageFailure(first, self.ipu_of[first], None, "worker start-up", exc)
-            self.reports.put((False, Failed(0, failure)))
+            self.reports.put((False, Failed(0, failure, self.ipu)))
             return
         self.reports.put((True, Ready(self.ipu)))
         while True:
@@ -244,7 +252,7 @@ class IpuWorker:
             leave = stop.leave
             report = (True, Finished(job.run_id, self.ipu, aborted=True))
         except BaseException as exc:  # reported, never raised across threads
-            report = (False, Failed(job.run_id, self._describe(action, exc)))
+            report = (False, Failed(job.run_id, self._describe(action, exc), self.ipu))
         finally:
             self._stash.clear()
             self._held.clear()
@@ -317,7 +325,12 @@ class IpuWorker:
         else:
             category = _CATEGORY[action.kind]
             with self.trace.span(
-                self.ipu_of[action.stage], repr(action), category, stage=action.stage, mb=action.mb
+                self.ipu_of[action.stage],
+                repr(action),
+                category,
+                stage=action.stage,
+                mb=action.mb,
+                track=self.track,
             ):
                 self._do(action, job)
 
