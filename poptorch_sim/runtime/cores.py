@@ -324,6 +324,8 @@ class CoreShare:
         if self.choice == "side by side":
             return f"micro-batches side by side on {self.cores} threads ({slower} measured slower)"
         if self.policy != "lent":
+            if self.trials:  # a serial program on one thread, side by side measured slower
+                return f"one thread on {self.cores} cores ({slower} measured slower)"
             return f"{self.policy} split of {self.cores} cores ({split})"
         if self.choice != "lent":
             if self.choice == "one thread":
