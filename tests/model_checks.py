@@ -120,7 +120,8 @@ def check_inference(
     di: int,
     micro: int = 2,
 ) -> Any:
-    """``di`` micro-batches of inference equal eager's outputs. Returns the runner."""
+    """``di`` micro-batches of inference equal eager's outputs, in every mode the runtime's
+    trials may run them in (See [Note: cores follow the work]). Returns the runner."""
     model.eval()
     opts = poptorch.Options().setExecutionStrategy(strategy).deviceIterations(di)
     inference = poptorch.inferenceModel(model, opts)
@@ -128,8 +129,12 @@ def check_inference(
     runner = inference._executable.program
     assert type(runner).__name__ == "StagedRunner"
     with torch.no_grad():
-        ref = [outputs(model(**micro_batch(batch, i, micro))) for i in range(di)]
-    torch.testing.assert_close(out, torch.cat(ref), atol=1e-5, rtol=1e-4)
+        want = torch.cat([outputs(model(**micro_batch(batch, i, micro))) for i in range(di)])
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-4)
+    cores = runner.runtime.cores
+    for mode in cores.trials:
+        cores.mode = lambda mode=mode: mode
+        torch.testing.assert_close(outputs(inference(**batch)), want, atol=1e-5, rtol=1e-4)
     inference.destroy()
     return runner
 

@@ -344,11 +344,9 @@ class PipelineRuntime:
         per_worker = self._worker_actions(schedule, self._kind)
         # one thread runs the actions in order: no need to feed a serial run one at a time
         serial = schedule.serial and self._kind == "split"
+        whole = {"one thread": self.cores.cores, "side by side": 1}.get(mode)  # every worker's
         for ipu, worker in self._workers.items():
-            if mode in ("one thread", "side by side"):
-                threads = self.cores.cores if mode == "one thread" else 1
-            else:
-                threads = self.cores.threads[ipu]
+            threads = whole if whole is not None else self.cores.threads[ipu]
             job = Job(
                 self._run_id,
                 per_worker[ipu],
