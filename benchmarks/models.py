@@ -15,7 +15,8 @@ and a Llama-style ``LlamaForCausalLM``; each pipelined and sharded, training and
 * eager runs with every core (``torch.set_num_threads(cores)``); poptorch_sim's IPU workers
   share the same cores (see [Note: cores follow the work] in ``runtime/cores.py``).
 * each row: warm-up calls (the first compiles; then a pipeline's trial of its ways to share the
-  cores: split, lent, one thread), then ``--steps`` interleaved pairs (poptorch_sim, eager);
+  cores: split, lent, one thread and, for inference, side by side; a sharded inference program's
+  trial: one thread and side by side), then ``--steps`` interleaved pairs (poptorch_sim, eager);
   medians of the times, and of each pair's ratio with the pairs' range (eager alone moves by
   10-30% between calls on a shared two-core machine). ``eager / sim`` above 1 means the
   simulated IPUs were faster than plain PyTorch.
@@ -336,7 +337,8 @@ def row(
     first = timed(call)
     trial: dict[str, list[float]] = {}
     for _ in range(warmup):  # a pipeline's trial (see [Note: cores follow the work])
-        mode = placement(sim).mode if strategy == "pipelined" else "warm-up"
+        trying = strategy == "pipelined" or not training  # sharded inference: side by side
+        mode = placement(sim).mode if trying else "warm-up"
         trial.setdefault(mode, []).append(timed(call))
     torch.set_num_threads(cores)
     eager()
@@ -426,7 +428,8 @@ def main() -> None:
     parser.add_argument(
         "--trials",
         action="store_true",
-        help="a column with the warm-up calls' times by trial mode (split, lent, one thread)",
+        help="a column with the warm-up calls' times by trial mode (split, lent, one thread, "
+        "side by side)",
     )
     parser.add_argument(
         "--no-model-ceilings", action="store_true", help="skip each model's 1-thread eager steps"

@@ -324,8 +324,9 @@ class CoreShare:
         if self.choice == "side by side":
             return f"micro-batches side by side on {self.cores} threads ({slower} measured slower)"
         if self.policy != "lent":
-            if self.trials:  # a serial program on one thread, side by side measured slower
-                return f"one thread on {self.cores} cores ({slower} measured slower)"
+            if self.trials:  # a serial program on one thread, before or after its trials
+                measured = f" ({slower} measured slower)" if self._last_pick else ""
+                return f"one thread on {self.cores} cores{measured}"
             return f"{self.policy} split of {self.cores} cores ({split})"
         if self.choice != "lent":
             if self.choice == "one thread":
