@@ -15,13 +15,17 @@ share the stage executors: inference keeps no state between a stage's forward an
 Measured before it was built, eager PyTorch's own inference loop against the same micro-batches
 on two threads of one intra-op thread each (``benchmarks/models.py``'s sizes, dev-zen4, quiet,
 medians of 7): T5 1.16x, ViT 1.14x, BERT 1.23x as fast; GPT-2 0.96x (its 50,257-wide LM head
-gains from both cores on one op), which the trials leave on the mode they measure fastest.
+gains from both cores on one op). The trials keep whichever mode they measure fastest: on the
+scoreboard they chose side by side for T5, GPT-2 and most sharded rows (T5 inference 0.93 /
+0.95 of eager -> 1.15 / 1.16, GPT-2 1.17-1.18 -> 1.26-1.29) and one thread for ResNet-50,
+whose convolutions gain from both cores (``benchmarks/RESULTS.md``).
 
 The same ops meet the same values; only the intra-op thread count of each op changes (one),
 which may change the last bits of a reduction exactly as ``torch.set_num_threads`` does in
 eager PyTorch. The mode is offered only where computing two micro-batches at once cannot
 change what a program computes (``independent_micro_batches``): every stage is an fx graph of
-PyTorch's own ops and ``torch.nn`` layers not in training mode; nothing draws random numbers
+PyTorch's own ops and of ``torch.nn`` layers that keep no state (eval mode, or no buffers and no
+dropout); nothing draws random numbers
 (a dropout whose ``train`` is ``False`` draws nothing); and no op writes into a parameter or a
 buffer (through a view of it included). Python call-backs (``poptorch.CPU``), printing and
 other user functions in the graph keep the other modes, which run one micro-batch after
