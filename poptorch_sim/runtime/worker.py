@@ -154,7 +154,7 @@ class IpuWorker:
     """The thread of one IPU and the state of the stages it holds.
 
     Args:
-        ipu: the IPU id.
+        ipu: the IPU id (its reports carry it; a copy of micro-batches side by side: its number).
         stages: the executors of the stages placed on this IPU, by stage index.
         routes: the program's routes.
         device: where this IPU's parameters and activations live.
