@@ -40,7 +40,9 @@
 // time through their codec; int64 and float64 rows through a 32-bit window of their keys (see
 // [Note: wide keys] in bitonic/row_loops.inc). With AVX2 and AVX-512, rows of 16-bit keys longer
 // than kRun are sorted as 32-bit items instead, twice the lanes per vector (see [Note: 16-bit
-// keys] in bitonic/narrow_rows.inc).
+// keys] in bitonic/narrow_rows.inc), and so are float32 and int32 rows of kRun < n <= 256, their
+// items holding a 24-bit window of the key (see [Note: windowed 32-bit items] in
+// bitonic/window_rows.inc).
 #pragma once
 
 // The standard headers of the network's code (the .inc files below, included into namespaces).
@@ -113,6 +115,7 @@ using UV = bitonic::U32<W>;
 #include "sort/bitonic/vector_ops.inc"
 #include "sort/bitonic/steps.inc"
 #include "sort/bitonic/narrow_rows.inc"
+#include "sort/bitonic/window_rows.inc"
 }  // namespace narrow
 
 // The functions above compiled for each SIMD level (see [Note: SIMD variants] in common/simd.h).
@@ -127,6 +130,12 @@ using UV = bitonic::U32<W>;
       if (n > kRun) {                                                                         \
         return narrow::sort_narrow_rows<scalar_t, NARROW_LANES>(in, row_lo, row_hi, n, flip,  \
                                                                 values, indices, buf);        \
+      }                                                                                       \
+    }                                                                                         \
+    if constexpr (NARROW_LANES > 0 && narrow::kWindowKeys<scalar_t>) {                        \
+      if (n > narrow::kWindowRowMin && n <= narrow::kWindowRowMax) {                          \
+        return narrow::sort_window_rows<Codec, scalar_t, NARROW_LANES>(                       \
+            in, row_lo, row_hi, n, flip, values, indices, buf);                               \
       }                                                                                       \
     }                                                                                         \
     NETWORK::sort_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values, indices,  \
