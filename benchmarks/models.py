@@ -60,9 +60,7 @@ from poptorch_sim.runtime.cores import MODES, TRIAL_RUNS  # noqa: E402
 
 Batch = dict[str, torch.Tensor]
 AUTO, SAME = poptorch.AutoStage.AutoIncrement, poptorch.AutoStage.SameAsIpu
-# calls after the first: a pipeline's trial, and again the first runs of the one-thread and
-# side-by-side workers (not judged: See [Note: cores follow the work])
-WARMUP = len(MODES) * TRIAL_RUNS + 2
+WARMUP = len(MODES) * TRIAL_RUNS  # calls after the first: a pipeline's trial
 POPRT_CUT = {"add": 0, "layer4_0_bn3": 1, "add_13": 2}  # as benchmarks/sharding.py
 
 

@@ -53,11 +53,7 @@ runtime can: more than one IPU, all on the CPU) and, for inference, micro-batche
 (See [Note: micro-batches side by side]); the runs after take the mode whose fastest run per
 micro-batch was fastest if that took at most ``TRIAL_MARGIN`` of the split's fastest, else the
 split (which follows the smoothed work). A sharded program, on one thread, has trials only
-where side by side is offered: one thread against it. A run that started a worker set's
-threads (one thread's and side by side's are started when a trial first asks for them) is not
-judged, and its mode runs again: T5's first run side by side took 565-652 ms against 404-431
-for the next (``benchmarks/models.py --trials``, dev-zen4), and with two runs a mode the trials
-had kept one thread where side by side was 10% faster. The trial repeats ``TRIAL_EVERY`` runs
+where side by side is offered: one thread against it. The trial repeats ``TRIAL_EVERY`` runs
 after it started, and each trial that chose what the one before chose doubles that gap, up to
 ``TRIAL_EVERY_MAX`` runs (a choice that changes sets it back). A trial's slower modes cost
 about 3% of the 40 runs that follow it in GPT-2's and Llama's training (the trials' times on
@@ -280,14 +276,10 @@ class CoreShare:
         cost_s: Mapping[int, float],
         mean_threads: Mapping[int, float],
         seconds_per_mb: float | None = None,
-        first: bool = False,
     ) -> None:
         """Record one run: each IPU worker's thread-seconds of compute and its mean threads, and
-        the run's wall time per micro-batch (for the trials). ``first``: the run started its
-        worker threads; inside a trial it is not judged and the trial runs its mode again."""
+        the run's wall time per micro-batch (for the trials)."""
         mode, phase = self.mode(), self._runs - self._period_start
-        if first and self._runs and 1 <= phase <= len(self.trials) * TRIAL_RUNS:
-            return  # new threads' one-off costs (lazy per-thread init of the kernels)
         self._runs += 1
         if self._runs - self._period_start >= self._period:
             self._period_start = self._runs

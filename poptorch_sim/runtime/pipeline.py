@@ -335,7 +335,6 @@ class PipelineRuntime:
             self._kind = mode
         else:
             self._kind = "one thread" if self._always_one_thread else "split"
-        first = self._kind not in self._sets  # this run starts the set's threads
         workers = self._worker_set(self._kind)
         switched, self._workers = workers is not self._workers, workers
         self._by_stage = {s: w for w in self._workers.values() for s in w.stages}
@@ -375,8 +374,7 @@ class PipelineRuntime:
                 raise
             raise
         lent = self.cores.budget is not None  # a run may have left a worker's count as default
-        seconds_per_mb = (time.perf_counter() - start) / len(micro_batches)
-        self._share_cores(resplit or lent, seconds_per_mb, first)
+        self._share_cores(resplit or lent, (time.perf_counter() - start) / len(micro_batches))
         return [self._assemble(m, results[m], micro_batches[m]) for m in range(len(results))]
 
     def close(self) -> None:
@@ -462,16 +460,16 @@ class PipelineRuntime:
                 pending.discard(payload.ipu)
         return results
 
-    def _share_cores(self, resplit: bool, seconds_per_mb: float, first: bool) -> None:
-        """After a run: record the workers' measured work and the run's time per micro-batch,
-        ``first`` where the run started its workers (See [Note: cores follow the work]).
+    def _share_cores(self, resplit: bool, seconds_per_mb: float) -> None:
+        """After a run: record the workers' measured work and the run's time per micro-batch
+        (See [Note: cores follow the work]).
 
         A run whose workers took a new thread count (every run with lent cores) left that count
         as the process-wide default: restore it (See [Note: per-thread intra-op threads]).
         """
         if resplit:
             restore_default_threads(self._main_threads)
-        self.cores.observe(self._cost_s, self._mean_threads, seconds_per_mb, first)
+        self.cores.observe(self._cost_s, self._mean_threads, seconds_per_mb)
 
     def _check_alive(self, pending: set[int], job_abort: threading.Event) -> None:
         """A worker thread that vanished mid-run would leave the caller waiting for ever."""
