@@ -1,4 +1,5 @@
-"""Shared fixtures: every test starts from the same seed, with a SIMD choice cache of its own."""
+"""Shared fixtures: every test starts from the same seed, with a SIMD choice cache of its own;
+``two_threads`` runs a test with the caller on 2 intra-op threads."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -23,3 +25,12 @@ def seed() -> None:
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def two_threads() -> Iterator[int]:
+    """The caller runs on 2 intra-op threads (the cores the workers are lent), then as before."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield 2
+    torch.set_num_threads(before)

@@ -8,7 +8,7 @@ import copy
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -347,15 +347,6 @@ def _fresh_thread_count() -> int:
     t.start()
     t.join()
     return seen[0]
-
-
-@pytest.fixture
-def two_threads() -> Iterator[int]:
-    """The caller runs on 2 intra-op threads (the cores the workers are lent), then as before."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield 2
-    torch.set_num_threads(before)
 
 
 def test_a_stage_computing_alone_borrows_every_core(

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_runtime import CPU, WIDTH, Dense
 from torch import fx, nn
 
 from poptorch_sim.errors import Error
@@ -19,22 +19,10 @@ from poptorch_sim.runtime import PipelineRuntime
 from poptorch_sim.runtime.cores import MODES, TRIAL_RUNS, CoreShare
 from poptorch_sim.runtime.side_by_side import independent_micro_batches
 
-WIDTH = 16
-CPU = {i: torch.device("cpu") for i in range(3)}
-
 
 @fx.wrap
 def user_function(x: torch.Tensor) -> torch.Tensor:
     return x * 2.0
-
-
-class Dense(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(WIDTH, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
-        return (torch.relu(self.fc(x)),)
 
 
 class WithLayers(nn.Module):
@@ -129,14 +117,6 @@ def eager(prog: StagedProgram, batches: list[dict[str, torch.Tensor]]) -> list[t
                 (x,) = spec.module(x)
             outs.append(x)
     return outs
-
-
-@pytest.fixture
-def two_threads() -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield 2
-    torch.set_num_threads(before)
 
 
 def test_the_trials_offer_the_mode_to_inference_graphs_only(two_threads: int) -> None:
