@@ -336,8 +336,8 @@ def row(
     call, sim = sim_call(case, model, batch, s, strategy, training)
     first = timed(call)
     trial: dict[str, list[float]] = {}
+    trying = strategy == "pipelined" or not training  # sharded inference: side by side
     for _ in range(warmup):  # a pipeline's trial (see [Note: cores follow the work])
-        trying = strategy == "pipelined" or not training  # sharded inference: side by side
         mode = placement(sim).mode if trying else "warm-up"
         trial.setdefault(mode, []).append(timed(call))
     torch.set_num_threads(cores)

@@ -42,8 +42,8 @@ class Placement:
         stage_ipus: the IPU of each stage, in stage order (empty for one program).
         cores: how the host's cores are split over the IPU workers, as the runtime logs it
             (empty for one program).
-        mode: how the next call computes (``split``, ``lent``, ``one thread`` or ``side by side``: See [Note:
-            cores follow the work]; empty for one program).
+        mode: how the next call computes (``split``, ``lent``, ``one thread`` or ``side by
+            side``: See [Note: cores follow the work]; empty for one program).
     """
 
     staged: bool

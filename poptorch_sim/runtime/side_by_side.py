@@ -43,10 +43,11 @@ import torch
 from torch import fx, nn
 
 from .actions import Action
+from .stage import RANDOM_NAMES
 
 __all__ = ["independent_micro_batches", "side_actions", "track_of"]
 
-_RANDOM = ("dropout", "rand", "bernoulli", "normal", "multinomial", "uniform", "seed")
+_RANDOM = (*RANDOM_NAMES, "seed")
 _VIEWS = frozenset(
     (
         "alias",

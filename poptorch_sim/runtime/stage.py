@@ -28,7 +28,7 @@ from ..program import StageSpec
 from .checkpoints import Checkpoints, has_checkpoints
 from .in_place import destinations
 
-__all__ = ["StageExecutor", "prepare_backward"]
+__all__ = ["RANDOM_NAMES", "StageExecutor", "prepare_backward"]
 
 
 def prepare_backward() -> None:
@@ -237,7 +237,8 @@ class StageExecutor:
 
 
 _RNG_LOCK = threading.Lock()  # See [Note: pipeline recomputation]
-_RANDOM_NAMES = ("dropout", "rand", "bernoulli", "normal", "multinomial", "uniform")
+# names of the ops that draw random numbers
+RANDOM_NAMES = ("dropout", "rand", "bernoulli", "normal", "multinomial", "uniform")
 
 
 def _has_random_ops(module: nn.Module) -> bool:
@@ -250,7 +251,7 @@ def _has_random_ops(module: nn.Module) -> bool:
                 return True
         elif node.op in ("call_function", "call_method"):
             name = getattr(node.target, "__name__", str(node.target)).lower()
-            if any(word in name for word in _RANDOM_NAMES):
+            if any(word in name for word in RANDOM_NAMES):
                 return True
     return False
 
