@@ -17,9 +17,14 @@
 // whole 2 MiB pages with a huge-page hint from 8 MiB) takes a block that is already mapped, or one
 // at most a quarter larger. Every other allocation, and every allocation on other threads (the
 // user's own eager code), goes to the allocator that was there before, unchanged. Idle blocks are
-// kept up to the most bytes the pool's tensors have held at once (a loop of the same shapes never
-// reaches it; past it a released block is freed), and trim_worker_memory frees them all (when a
-// program's workers stop). The pool is locked around fork so that a child (DataLoader workers)
+// kept up to kIdleFactor times the most bytes the pool's tensors have held at once (past it a
+// released block is freed), and trim_worker_memory frees them all (when a program's workers
+// stop). A loop needs more blocks than its peak in use where tensors of different sizes peak at
+// different times: ResNet-50's inference call (benchmarks/models.py) holds 10.8 MiB at most and
+// needs 22 MiB of blocks. Kept only up to its peak, the blocks of its 9 MiB weight reorders were
+// freed and mapped again (huge pages) every call: 240 faults and about 50 ms of kernel time a
+// call, its eager loop 10-17% slower on the pool than on glibc's heap (dev-zen4, 2026-11-26);
+// with three times the peak, no new block after the first call. The pool is locked around fork so that a child (DataLoader workers)
 // finds it usable; a child frees what it releases instead of keeping it. With the pool, the same
 // Llama call took about 105 faults in all (the same harness, 2026-11-26).
 #include <sys/types.h>
@@ -42,6 +47,7 @@ namespace poptorch_sim {
 namespace {
 
 constexpr size_t kWorkerBlockMin = size_t{1} << 17;  // smaller blocks: glibc's arenas serve them
+constexpr size_t kIdleFactor = 3;  // idle blocks kept: up to this many times the peak in use
 
 thread_local bool t_pooled = false;
 
@@ -137,7 +143,7 @@ class WorkerMemory final : public c10::Allocator {
         const size_t size = it->second;
         live_.erase(it);
         in_use_bytes_ -= size;
-        if (getpid() == pid_ && idle_bytes_ + size <= peak_bytes_) {
+        if (getpid() == pid_ && idle_bytes_ + size <= kIdleFactor * peak_bytes_) {
           idle_[size].push_back(data);
           idle_bytes_ += size;
           kept = true;
