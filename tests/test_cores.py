@@ -396,6 +396,7 @@ def test_sharded_stages_run_on_every_core(monkeypatch: pytest.MonkeyPatch) -> No
     with PipelineRuntime(program, training=False, devices=CPU) as rt:
         rt.run([{"x": torch.ones(2)}])
         assert rt.cores.policy == "serial"
+        assert rt.cores.describe() == f"one thread on {main_threads} cores"
     assert [p.seen for p in probes] == [[main_threads], [main_threads]]
 
 

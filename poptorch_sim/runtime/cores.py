@@ -201,8 +201,8 @@ class CoreShare:
         cores: the threads the program may use in all (the caller's intra-op thread count).
         fixed: threads per IPU pinned by the caller (then nothing is lent; nor with one core).
         serial: only one IPU computes at a time (sharded execution): each gets every core.
-        one_thread: the runtime can run every stage on one worker thread (the trials of a
-            ``lent`` program then try that mode too).
+        one_thread: the runtime can run every stage on one worker thread (a ``serial`` program
+            then always does; the trials of a ``lent`` program try that mode too).
         side_by_side: the runtime can compute micro-batches side by side, one worker thread per
             core (See [Note: micro-batches side by side]): the trials try that mode too, and a
             ``serial`` program's trials compare it with one thread.
@@ -213,7 +213,9 @@ class CoreShare:
         budget: the ``CoreBudget`` the workers borrow from (``lent`` only, else None).
         cost: IPU -> smoothed thread-seconds of compute per run (the budget's priorities).
         mean_threads: IPU -> threads per compute second in the last measured run.
-        trials: the modes the trials compare (``lent`` only, else none).
+        one_thread: as the argument.
+        trials: the modes the trials compare (``lent``, or ``serial`` with side by side; else
+            none).
         choice: the mode of the runs outside a trial (one of ``MODES``; ``split`` when nothing
             is lent).
 
@@ -240,6 +242,7 @@ class CoreShare:
         self.cost: dict[int, float] = {}
         self.mean_threads: dict[int, float] = {}
         self.trials: tuple[str, ...] = ()
+        self.one_thread = one_thread
         if fixed is not None or self.cores == 1:  # one core: nothing to lend
             self.policy = "fixed"
             self.threads = dict.fromkeys(ipus, fixed or 1)
@@ -327,6 +330,8 @@ class CoreShare:
             if self.trials:  # a serial program on one thread, before or after its trials
                 measured = f" ({slower} measured slower)" if self._last_pick else ""
                 return f"one thread on {self.cores} cores{measured}"
+            if self.policy == "serial" and self.one_thread:
+                return f"one thread on {self.cores} cores"
             return f"{self.policy} split of {self.cores} cores ({split})"
         if self.choice != "lent":
             if self.choice == "one thread":

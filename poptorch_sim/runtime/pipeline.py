@@ -144,7 +144,7 @@ class PipelineRuntime:
             self._main_threads,
             pinned_threads_per_ipu(threads_per_ipu),
             serial=sharded,
-            one_thread=on_cpu and not sharded,
+            one_thread=on_cpu,
             side_by_side=side,
         )
         self._given = dict(self.cores.threads)  # the split the workers run with
