@@ -24,9 +24,10 @@
 // needs 22 MiB of blocks. Kept only up to its peak, the blocks of its 9 MiB weight reorders were
 // freed and mapped again (huge pages) every call: 240 faults and about 50 ms of kernel time a
 // call, its eager loop 10-17% slower on the pool than on glibc's heap (dev-zen4, 2026-11-26);
-// with three times the peak, no new block after the first call. The pool is locked around fork so that a child (DataLoader workers)
-// finds it usable; a child frees what it releases instead of keeping it. With the pool, the same
-// Llama call took about 105 faults in all (the same harness, 2026-11-26).
+// with three times the peak, no new block after the first call. The pool is locked around fork
+// so that a child (DataLoader workers) finds it usable; a child frees what it releases instead of
+// keeping it. With the pool, the same Llama call took about 105 faults in all (the same harness,
+// 2026-11-26).
 #include <sys/types.h>
 #include <pthread.h>
 #include <unistd.h>
