@@ -20,7 +20,8 @@
 // instructions for both steps on two vectors, where one vector at a time took 16). With AVX-512
 // the three lane steps run on two vectors at once the same way (lane_cleaners_pair8: 8
 // two-vector permutes and 6 minima and maxima, where one vector at a time took 12 instructions
-// per vector). The first log2(W) stages sort each vector on its own.
+// per vector). The first log2(W) stages sort each vector on its own, or in a block of W vectors
+// sort its W columns and transpose them (sort_block).
 //
 // Rows of at least W * kRun items first sort runs of up to kColumnMax items by column chunks,
 // comparing whole vectors only (see [Note: column chunks] in bitonic/steps.inc, and [Note:
