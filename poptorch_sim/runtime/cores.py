@@ -327,11 +327,9 @@ class CoreShare:
         if self.choice == "side by side":
             return f"micro-batches side by side on {self.cores} threads ({slower} measured slower)"
         if self.policy != "lent":
-            if self.trials:  # a serial program on one thread, before or after its trials
+            if self.policy == "serial" and (self.one_thread or self.trials):  # on one thread
                 measured = f" ({slower} measured slower)" if self._last_pick else ""
                 return f"one thread on {self.cores} cores{measured}"
-            if self.policy == "serial" and self.one_thread:
-                return f"one thread on {self.cores} cores"
             return f"{self.policy} split of {self.cores} cores ({split})"
         if self.choice != "lent":
             if self.choice == "one thread":
