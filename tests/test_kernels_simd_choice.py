@@ -50,7 +50,7 @@ class Timings:
 def test_families_are_the_sorts_nms_accumulation_and_optimizers() -> None:
     assert engine.simd_families() == [
         f"sort_rows_{length}_{bits}bit"
-        for length in (16, 256, 4096, 32768)
+        for length in (16, 256, 1024, 4096, 32768)
         for bits in (16, 32, 64)
     ] + ["sort_long_16bit", "sort_long_32bit", "nms", "accumulate", "optimizer"]
 
@@ -66,7 +66,8 @@ def test_sort_family_is_by_row_length_class_and_key_width(dtype: torch.dtype, bi
         return simd_choice.sort_family(torch.zeros(shape, dtype=dtype), dim)
 
     assert family(4, 16) == f"sort_rows_16_{bits}bit"
-    assert family(300, 4, dim=0) == f"sort_rows_4096_{bits}bit"
+    assert family(300, 4, dim=0) == f"sort_rows_1024_{bits}bit"
+    assert family(3, 1025) == f"sort_rows_4096_{bits}bit"
     assert family(2, 32768) == f"sort_rows_32768_{bits}bit"
     assert family(32769) == (None if bits == 64 else f"sort_long_{bits}bit")
 
@@ -344,7 +345,7 @@ def test_other_families_and_entries_in_the_cache_survive(fresh: Timings) -> None
     times = {level: 1.0 + (level != "base") for level in ALL}
     simd_choice._merge(path, key, {"nms": times, "optimizer": times})
     simd_choice._merge(path, "other cpu", {"nms": {"base": 5.0}})
-    kernels.sort(torch.randn(2, 300))
+    kernels.sort(torch.randn(2, 1300))
     kernels.nms(torch.tensor([[0.0, 0, 1, 1]]), torch.tensor([1.0]), 0.5)  # cached: not timed
     assert {family for family, _ in fresh.calls} == {"sort_rows_4096_32bit", "sort_rows_16_32bit"}
     assert engine.simd_family_level("nms") == "base"

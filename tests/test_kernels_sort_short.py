@@ -67,7 +67,7 @@ def test_many_rows_spread_over_tiles_and_one_row_alone(length: int) -> None:
         _check(_rows(7, length, torch.bfloat16, seed=3))
 
 
-@pytest.mark.parametrize("length", [16, 1032, 4096], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("length", [16, 1024, 1032, 4096], ids=lambda n: f"n{n}")
 def test_batches_written_with_streaming_stores(length: int) -> None:
     # One tile writing at least 2^16 items of rows a multiple of 2W long (up to kRun, or from
     # kStreamRowMin) streams them out ([Note: streaming stores]); rows without NaN or -0.0

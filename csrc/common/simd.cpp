@@ -88,7 +88,7 @@ std::vector<int64_t> runs(Family family) {
 const std::vector<std::string>& family_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> all;
-    for (const char* length : {"16", "256", "4096", "32768"}) {
+    for (const char* length : {"16", "256", "1024", "4096", "32768"}) {
       for (const char* bits : {"16", "32", "64"}) {
         all.push_back(std::string("sort_rows_") + length + "_" + bits + "bit");
       }

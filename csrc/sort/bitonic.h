@@ -41,9 +41,9 @@
 // time through their codec; int64 and float64 rows through a 32-bit window of their keys (see
 // [Note: wide keys] in bitonic/row_loops.inc). With AVX2 and AVX-512, rows of 16-bit keys longer
 // than kRun are sorted as 32-bit items instead, twice the lanes per vector (see [Note: 16-bit
-// keys] in bitonic/narrow_rows.inc), and so are float32 and int32 rows of kRun < n <= 256, their
-// items holding a 24-bit window of the key (see [Note: windowed 32-bit items] in
-// bitonic/window_rows.inc).
+// keys] in bitonic/narrow_rows.inc), and so are float32 and int32 rows of 64 < n <= 1024 and
+// int64 and float64 rows of up to 1024 (past 16 items with AVX-512, 64 with AVX2), their items
+// holding a window of the key (see [Note: windowed 32-bit items] in bitonic/window_rows.inc).
 #pragma once
 
 // The standard headers of the network's code (the .inc files below, included into namespaces).
@@ -146,6 +146,12 @@ using UV = bitonic::U32<W>;
   ATTRIBUTE void sort_wide_rows##SUFFIX(                                                      \
       const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,           \
       scalar_t* values, int64_t* indices, int64_t* buf) {                                     \
+    if constexpr (NARROW_LANES > 0) {                                                         \
+      if (n > narrow::wide_window_row_min(NARROW_LANES) && n <= narrow::kWindowRowMax) {      \
+        return narrow::sort_window_rows<Codec, scalar_t, NARROW_LANES>(                       \
+            in, row_lo, row_hi, n, flip, values, indices, buf);                               \
+      }                                                                                       \
+    }                                                                                         \
     NETWORK::sort_wide_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values,      \
                                                     indices, buf);                            \
   }

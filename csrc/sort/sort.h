@@ -182,10 +182,10 @@ template <typename scalar_t>
 simd::Family row_sort_family(int64_t n) {
   using simd::Family;
   static_assert(static_cast<int>(Family::kSortRows32768Bits64) ==
-                    static_cast<int>(Family::kSortRows16Bits16) + 11,
-                "row sort families: 4 length classes of 3 key widths, in that order");
+                    static_cast<int>(Family::kSortRows16Bits16) + 14,
+                "row sort families: 5 length classes of 3 key widths, in that order");
   constexpr int width = sizeof(scalar_t) == 2 ? 0 : sizeof(scalar_t) == 8 ? 2 : 1;
-  const int length = n <= 16 ? 0 : n <= 256 ? 1 : n <= 4096 ? 2 : 3;
+  const int length = n <= 16 ? 0 : n <= 256 ? 1 : n <= 1024 ? 2 : n <= 4096 ? 3 : 4;
   return static_cast<Family>(static_cast<int>(Family::kSortRows16Bits16) + 3 * length + width);
 }
 

@@ -57,9 +57,10 @@ __all__ = [
     "sort_family",
 ]
 
+# 3: a row length class of up to 1024 items (sort_rows_1024_32bit, ...) between 256 and 4096;
 # 2: the sorts' families by key width (sort_rows_256_16bit, ...), where 1 had one per row
 # length class (sort_rows_256, ...), timed on float32 for every width.
-_VERSION = 2
+_VERSION = 3
 Timer = Callable[[str, str], float]
 
 
@@ -350,7 +351,7 @@ def sort_family(input: Tensor, dim: int = -1) -> str | None:
     rank = input.dim()
     n = input.shape[dim] if rank and -rank <= dim < rank else 1
     bits = {2: 16, 8: 64}.get(input.element_size(), 32)
-    for limit in (16, 256, 4096, 32768):
+    for limit in (16, 256, 1024, 4096, 32768):
         if n <= limit:
             return f"sort_rows_{limit}_{bits}bit"
     return None if bits == 64 else f"sort_long_{bits}bit"

@@ -67,7 +67,7 @@ def _optimizer_sample() -> Callable[[], object]:
 SAMPLES: dict[str, Sample] = {
     **{
         f"sort_rows_{length}_{bits}bit": _sort_sample(rows, length, bits)
-        for rows, length in ((4096, 16), (256, 256), (16, 4096), (2, 32768))
+        for rows, length in ((4096, 16), (256, 256), (64, 1024), (16, 4096), (2, 32768))
         for bits in (16, 32, 64)
     },
     "sort_long_16bit": _sort_sample(1, 1 << 17, 16),
