@@ -1,5 +1,5 @@
 // The bitonic network as the base case of the long-row sorts: see [Note: bitonic network].
-#include "sort/bitonic.h"
+#include "sort/bitonic/variants.h"
 
 #include <c10/util/Exception.h>
 

@@ -46,20 +46,12 @@
 // holding a window of the key (see [Note: windowed 32-bit items] in bitonic/window_rows.inc).
 #pragma once
 
-// The standard headers of the network's code (the .inc files below, included into namespaces).
-#include <algorithm>
-#include <array>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
-#include <utility>
 
 #include "common/simd.h"
 #include "sort/bitonic/items.h"
 #include "sort/bitonic/network.h"
-#include "sort/bitonic/partition.h"
 #include "sort/bitonic/rows.h"
-#include "sort/bitonic/vectors.h"
 
 namespace poptorch_sim {
 namespace sorting {
@@ -68,101 +60,27 @@ namespace bitonic {
 // Longest run the long-row sorts hand to the network as their base case.
 constexpr int64_t kBitonicBaseMax = 64;
 
-// The network's vector code, one file per layer (SIMD wrappers, network steps, item
-// vectors, row loops), compiled once per vector kind: see [Note: split 8-lane vectors].
-namespace native {
-constexpr bool kSplit = false;
-constexpr bool kNarrow = false;
-using Item = int64_t;
-#include "sort/bitonic/vector_ops.inc"
-#include "sort/bitonic/steps.inc"
-#include "sort/bitonic/pieces.inc"
-#include "sort/bitonic/item_vectors.inc"
-#include "sort/bitonic/row_loops.inc"
-}  // namespace native
-
-namespace split {
-constexpr bool kSplit = true;
-constexpr bool kNarrow = false;
-using Item = int64_t;
-// The vector types of the network's code: SplitVector where they are 64 bytes.
-template <typename Vector, typename E>
-using Split = std::conditional_t<sizeof(Vector) == 64, SplitVector<E>, Vector>;
-template <int W>
-using V = Split<bitonic::V<W>, int64_t>;
-template <int W>
-using UV = Split<bitonic::UV<W>, uint64_t>;
-template <int W>
-using V32 = Split<bitonic::V32<W>, int32_t>;
-template <int W>
-using U32 = Split<bitonic::U32<W>, uint32_t>;
-#include "sort/bitonic/vector_ops.inc"
-#include "sort/bitonic/steps.inc"
-#include "sort/bitonic/pieces.inc"
-#include "sort/bitonic/item_vectors.inc"
-#include "sort/bitonic/row_loops.inc"
-}  // namespace split
-
-// The network on 32-bit items, for rows of 16-bit keys (see [Note: 16-bit keys] in
-// bitonic/narrow_rows.inc): a vector of W lanes holds W items (W = 16 with AVX-512, 8 with AVX2).
-namespace narrow {
-constexpr bool kSplit = false;
-constexpr bool kNarrow = true;
-using Item = int32_t;
-template <int W>
-using V = bitonic::V32<W>;
-template <int W>
-using UV = bitonic::U32<W>;
-#include "sort/bitonic/vector_ops.inc"
-#include "sort/bitonic/steps.inc"
-#include "sort/bitonic/narrow_rows.inc"
-#include "sort/bitonic/window_rows.inc"
-}  // namespace narrow
-
-// The functions above compiled for each SIMD level (see [Note: SIMD variants] in common/simd.h).
-// NARROW_LANES: the lanes of the network on 32-bit items that sorts rows of 16-bit keys longer
-// than kRun (0: none, those rows go through the network on 64-bit items).
-#define POPSIM_BITONIC_VARIANT(SUFFIX, ATTRIBUTE, NETWORK, LANES, NARROW_LANES)               \
+// Sorts rows [row_lo, row_hi) of n values of scalar_t from `in` (flip: all ones for a descending
+// sort) and writes their values (unless null) and indices; buf has room for rows_buffer_size(n)
+// items. sort_rows takes every dtype but int64 and float64, sort_wide_rows those two (see [Note:
+// wide keys]). One variant per SIMD level (see [Note: SIMD variants] in common/simd.h), and the
+// 8-lane network compiled for AVX2 (see [Note: split 8-lane vectors]), so that the AVX-512
+// variant's logic runs in the tests on CPUs without AVX-512 (sort_rows_8_lanes in sort.cpp); each
+// is defined in its own file (see [Note: one file per variant] in bitonic/variants.h).
+#define POPSIM_BITONIC_DECLARE(SUFFIX, ATTRIBUTE)                                             \
   template <typename Codec, typename scalar_t>                                                \
   ATTRIBUTE void sort_rows##SUFFIX(                                                           \
       const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,           \
-      scalar_t* values, int64_t* indices, int64_t* buf) {                                     \
-    if constexpr (NARROW_LANES > 0 && narrow::kNarrowKeys<scalar_t>) {                        \
-      if (n > kRun) {                                                                         \
-        return narrow::sort_narrow_rows<scalar_t, NARROW_LANES>(in, row_lo, row_hi, n, flip,  \
-                                                                values, indices, buf);        \
-      }                                                                                       \
-    }                                                                                         \
-    if constexpr (NARROW_LANES > 0 && narrow::kWindowKeys<scalar_t>) {                        \
-      if (n > narrow::kWindowRowMin && n <= narrow::kWindowRowMax) {                          \
-        return narrow::sort_window_rows<Codec, scalar_t, NARROW_LANES>(                       \
-            in, row_lo, row_hi, n, flip, values, indices, buf);                               \
-      }                                                                                       \
-    }                                                                                         \
-    NETWORK::sort_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values, indices,  \
-                                               buf);                                          \
-  }                                                                                           \
+      scalar_t* values, int64_t* indices, int64_t* buf);                                      \
   template <typename Codec, typename scalar_t>                                                \
   ATTRIBUTE void sort_wide_rows##SUFFIX(                                                      \
       const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,           \
-      scalar_t* values, int64_t* indices, int64_t* buf) {                                     \
-    if constexpr (NARROW_LANES > 0) {                                                         \
-      if (n > narrow::wide_window_row_min(NARROW_LANES) && n <= narrow::kWindowRowMax) {      \
-        return narrow::sort_window_rows<Codec, scalar_t, NARROW_LANES>(                       \
-            in, row_lo, row_hi, n, flip, values, indices, buf);                               \
-      }                                                                                       \
-    }                                                                                         \
-    NETWORK::sort_wide_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values,      \
-                                                    indices, buf);                            \
-  }
-POPSIM_BITONIC_VARIANT(_avx512, POPSIM_AVX512, native, 8, 16)
-POPSIM_BITONIC_VARIANT(_avx2, POPSIM_AVX2, native, 4, 8)
-POPSIM_BITONIC_VARIANT(_base, , native, 2, 0)
-// The 8-lane network compiled for AVX2 (see [Note: split 8-lane vectors]), so that the AVX-512
-// variant's logic runs in the tests on CPUs without AVX-512 (sort_rows_8_lanes in sort.cpp);
-// all but the 32-bit items of 16-bit keys (16 lanes), which only run where AVX-512 does.
-POPSIM_BITONIC_VARIANT(_8_lanes_avx2, POPSIM_AVX2, split, 8, 0)
-#undef POPSIM_BITONIC_VARIANT
+      scalar_t* values, int64_t* indices, int64_t* buf);
+POPSIM_BITONIC_DECLARE(_avx512, POPSIM_AVX512)
+POPSIM_BITONIC_DECLARE(_avx2, POPSIM_AVX2)
+POPSIM_BITONIC_DECLARE(_base, )
+POPSIM_BITONIC_DECLARE(_8_lanes_avx2, POPSIM_AVX2)
+#undef POPSIM_BITONIC_DECLARE
 
 // Sorts packed items[0, n), given in index order, ascending in place with SIMD variant `level`'s
 // network; n is at most kBitonicBaseMax. Defined in bitonic.cpp.

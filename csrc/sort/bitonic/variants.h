@@ -1,0 +1,142 @@
+// The bitonic network's code: its vectors, steps and row loops, and the definitions of bitonic.h's
+// row sorts for one SIMD level. Included only by the files that compile them (bitonic_*.cpp) and
+// by bitonic.cpp.
+//
+// [Note: one file per variant]
+// Each SIMD variant of the row sorts (and the 8-lane network compiled for AVX2) is compiled in its
+// own file, bitonic_<variant>.cpp, which defines it (POPSIM_BITONIC_VARIANT) and instantiates it
+// for every dtype sort.cpp dispatches (POPSIM_BITONIC_INSTANCES); sort.cpp sees only the
+// declarations of bitonic.h. One file holding all of them took the longest of the extension's
+// compiles, which a build on many cores waits for alone.
+#pragma once
+
+// The standard headers of the network's code (the .inc files below, included into namespaces).
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "common/simd.h"
+#include "sort/bitonic.h"
+#include "sort/bitonic/items.h"
+#include "sort/bitonic/network.h"
+#include "sort/bitonic/partition.h"
+#include "sort/bitonic/rows.h"
+#include "sort/bitonic/vectors.h"
+#include "sort/sort.h"
+
+namespace poptorch_sim {
+namespace sorting {
+namespace bitonic {
+
+// The network's vector code, one file per layer (SIMD wrappers, network steps, item
+// vectors, row loops), compiled once per vector kind: see [Note: split 8-lane vectors].
+namespace native {
+constexpr bool kSplit = false;
+constexpr bool kNarrow = false;
+using Item = int64_t;
+#include "sort/bitonic/vector_ops.inc"
+#include "sort/bitonic/steps.inc"
+#include "sort/bitonic/pieces.inc"
+#include "sort/bitonic/item_vectors.inc"
+#include "sort/bitonic/row_loops.inc"
+}  // namespace native
+
+namespace split {
+constexpr bool kSplit = true;
+constexpr bool kNarrow = false;
+using Item = int64_t;
+// The vector types of the network's code: SplitVector where they are 64 bytes.
+template <typename Vector, typename E>
+using Split = std::conditional_t<sizeof(Vector) == 64, SplitVector<E>, Vector>;
+template <int W>
+using V = Split<bitonic::V<W>, int64_t>;
+template <int W>
+using UV = Split<bitonic::UV<W>, uint64_t>;
+template <int W>
+using V32 = Split<bitonic::V32<W>, int32_t>;
+template <int W>
+using U32 = Split<bitonic::U32<W>, uint32_t>;
+#include "sort/bitonic/vector_ops.inc"
+#include "sort/bitonic/steps.inc"
+#include "sort/bitonic/pieces.inc"
+#include "sort/bitonic/item_vectors.inc"
+#include "sort/bitonic/row_loops.inc"
+}  // namespace split
+
+// The network on 32-bit items, for rows of 16-bit keys (see [Note: 16-bit keys] in
+// bitonic/narrow_rows.inc): a vector of W lanes holds W items (W = 16 with AVX-512, 8 with AVX2).
+namespace narrow {
+constexpr bool kSplit = false;
+constexpr bool kNarrow = true;
+using Item = int32_t;
+template <int W>
+using V = bitonic::V32<W>;
+template <int W>
+using UV = bitonic::U32<W>;
+#include "sort/bitonic/vector_ops.inc"
+#include "sort/bitonic/steps.inc"
+#include "sort/bitonic/narrow_rows.inc"
+#include "sort/bitonic/window_rows.inc"
+}  // namespace narrow
+
+// The definitions of bitonic.h's row sorts for one SIMD level: SUFFIX and ATTRIBUTE name it,
+// NETWORK is the namespace of its network on 64-bit items and LANES their lanes.
+// NARROW_LANES: the lanes of the network on 32-bit items that sorts rows of 16-bit keys longer
+// than kRun and the windowed rows (0: none, those rows go through the network on 64-bit items).
+#define POPSIM_BITONIC_VARIANT(SUFFIX, ATTRIBUTE, NETWORK, LANES, NARROW_LANES)               \
+  template <typename Codec, typename scalar_t>                                                \
+  ATTRIBUTE void sort_rows##SUFFIX(                                                           \
+      const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,           \
+      scalar_t* values, int64_t* indices, int64_t* buf) {                                     \
+    if constexpr (NARROW_LANES > 0 && narrow::kNarrowKeys<scalar_t>) {                        \
+      if (n > kRun) {                                                                         \
+        return narrow::sort_narrow_rows<scalar_t, NARROW_LANES>(in, row_lo, row_hi, n, flip,  \
+                                                                values, indices, buf);        \
+      }                                                                                       \
+    }                                                                                         \
+    if constexpr (NARROW_LANES > 0 && narrow::kWindowKeys<scalar_t>) {                        \
+      if (n > narrow::kWindowRowMin && n <= narrow::kWindowRowMax) {                          \
+        return narrow::sort_window_rows<Codec, scalar_t, NARROW_LANES>(                       \
+            in, row_lo, row_hi, n, flip, values, indices, buf);                               \
+      }                                                                                       \
+    }                                                                                         \
+    NETWORK::sort_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values, indices,  \
+                                               buf);                                          \
+  }                                                                                           \
+  template <typename Codec, typename scalar_t>                                                \
+  ATTRIBUTE void sort_wide_rows##SUFFIX(                                                      \
+      const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,           \
+      scalar_t* values, int64_t* indices, int64_t* buf) {                                     \
+    if constexpr (NARROW_LANES > 0) {                                                         \
+      if (n > narrow::wide_window_row_min(NARROW_LANES) && n <= narrow::kWindowRowMax) {      \
+        return narrow::sort_window_rows<Codec, scalar_t, NARROW_LANES>(                       \
+            in, row_lo, row_hi, n, flip, values, indices, buf);                               \
+      }                                                                                       \
+    }                                                                                         \
+    NETWORK::sort_wide_rows<Codec, scalar_t, LANES>(in, row_lo, row_hi, n, flip, values,      \
+                                                    indices, buf);                            \
+  }
+
+// The instantiation of FUNCTION##SUFFIX for dtype T and its key codec.
+#define POPSIM_BITONIC_INSTANCE(SUFFIX, FUNCTION, CODEC, T)                                     \
+  template void FUNCTION##SUFFIX<CODEC<T>, T>(const T*, int64_t, int64_t, int64_t, uint32_t, T*, \
+                                              int64_t*, int64_t*);
+
+// The instantiations of variant SUFFIX for every dtype sort.cpp dispatches (dispatch_sort_type).
+#define POPSIM_BITONIC_INSTANCES(SUFFIX)                                \
+  POPSIM_BITONIC_INSTANCE(SUFFIX, sort_rows, Codec32, float)            \
+  POPSIM_BITONIC_INSTANCE(SUFFIX, sort_rows, Codec32, c10::Half)        \
+  POPSIM_BITONIC_INSTANCE(SUFFIX, sort_rows, Codec32, c10::BFloat16)    \
+  POPSIM_BITONIC_INSTANCE(SUFFIX, sort_rows, Codec32, int32_t)          \
+  POPSIM_BITONIC_INSTANCE(SUFFIX, sort_rows, Codec32, int16_t)          \
+  POPSIM_BITONIC_INSTANCE(SUFFIX, sort_rows, Codec32, int8_t)           \
+  POPSIM_BITONIC_INSTANCE(SUFFIX, sort_rows, Codec32, uint8_t)          \
+  POPSIM_BITONIC_INSTANCE(SUFFIX, sort_wide_rows, Codec64, int64_t)     \
+  POPSIM_BITONIC_INSTANCE(SUFFIX, sort_wide_rows, Codec64, double)
+
+}  // namespace bitonic
+}  // namespace sorting
+}  // namespace poptorch_sim
