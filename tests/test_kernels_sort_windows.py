@@ -1,7 +1,7 @@
 """Rows of up to 1024 values sorted as 32-bit items holding a window of each key and its index
 (see [Note: windowed 32-bit items] in csrc/sort/bitonic/window_rows.inc), against torch.sort:
-float32 and int32 rows past 64, int64 and float64 rows past 16 (AVX-512) or 64 (AVX2); keys that
-share a window, spans of every width, NaN and -0.0, and every SIMD level."""
+float32 and int32 rows past 64, int64 and float64 rows past 16; keys that share a window, spans
+of every width, NaN and -0.0, and every SIMD level."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from poptorch_sim import kernels
 # lanes and lengths with a tail, padded to a power of two or not, with indices of 8 bits (up to
 # 256) or more.
 LENGTHS = [65, 100, 127, 128, 129, 200, 255, 256, 257, 300, 512, 513, 1000, 1024]
-# 64-bit keys: from past kRun (16), the shortest rows the AVX-512 variant sorts this way.
+# 64-bit keys: from past kRun (16).
 WIDE_LENGTHS = [17, 31, 32, 33, 64, *LENGTHS]
 
 

@@ -111,7 +111,7 @@ using UV = bitonic::U32<W>;
       const scalar_t* in, int64_t row_lo, int64_t row_hi, int64_t n, uint32_t flip,           \
       scalar_t* values, int64_t* indices, int64_t* buf) {                                     \
     if constexpr (NARROW_LANES > 0) {                                                         \
-      if (n > narrow::wide_window_row_min(NARROW_LANES) && n <= narrow::kWindowRowMax) {      \
+      if (n > kRun && n <= narrow::kWindowRowMax) {                                           \
         return narrow::sort_window_rows<Codec, scalar_t, NARROW_LANES>(                       \
             in, row_lo, row_hi, n, flip, values, indices, buf);                               \
       }                                                                                       \
