@@ -33,11 +33,12 @@ namespace simd {
 enum class Level { kBase = 0, kAvx2 = 1, kAvx512 = 2 };
 
 // Kernel families that run their measured variant (see [Note: measured variants]). The bitonic
-// row sort by row length class (up to 16, 256, 1024, 4096 and 32768 items) and key width (16-bit keys
-// run the network on 32-bit items past 16 items, 64-bit keys the window of [Note: wide keys],
-// the others the packed 64-bit items: see sorting::row_sort_family), the sorts of longer rows
-// (scatter sort, base cases) of 16-bit and of 32-bit keys (64-bit keys have no SIMD variants
-// there), NMS, accumulation and the optimizer steps.
+// row sort by row length class (up to 16, 256, 1024, 4096 and 32768 items) and key width (16-bit
+// keys run the network on 32-bit items past 16 items, 64-bit keys the window of [Note: wide
+// keys], the others the packed 64-bit items, and rows of up to 1024 windowed 32-bit items: see
+// sorting::row_sort_family), the sorts of longer rows (scatter sort, base cases) of 16-bit and of
+// 32-bit keys (64-bit keys have no SIMD variants there), NMS, accumulation and the optimizer
+// steps.
 enum class Family {
   kSortRows16Bits16,
   kSortRows16Bits32,

@@ -42,7 +42,8 @@
 // [Note: wide keys] in bitonic/row_loops.inc). With AVX2 and AVX-512, rows of 16-bit keys longer
 // than kRun are sorted as 32-bit items instead, twice the lanes per vector (see [Note: 16-bit
 // keys] in bitonic/narrow_rows.inc), and so are float32 and int32 rows of 64 < n <= 1024 and
-// int64 and float64 rows of kRun < n <= 1024, their items holding a window of the key (see [Note: windowed 32-bit items] in bitonic/window_rows.inc).
+// int64 and float64 rows of kRun < n <= 1024, their items holding a window of the key (see
+// [Note: windowed 32-bit items] in bitonic/window_rows.inc).
 #pragma once
 
 #include <cstdint>

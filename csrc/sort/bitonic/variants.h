@@ -67,7 +67,8 @@ using U32 = Split<bitonic::U32<W>, uint32_t>;
 }  // namespace split
 
 // The network on 32-bit items, for rows of 16-bit keys (see [Note: 16-bit keys] in
-// bitonic/narrow_rows.inc): a vector of W lanes holds W items (W = 16 with AVX-512, 8 with AVX2).
+// bitonic/narrow_rows.inc) and windowed rows (see [Note: windowed 32-bit items] in
+// bitonic/window_rows.inc): a vector of W lanes holds W items (W = 16 with AVX-512, 8 with AVX2).
 namespace narrow {
 constexpr bool kSplit = false;
 constexpr bool kNarrow = true;
