@@ -48,13 +48,17 @@ def _shared_windows(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int32], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.int32, torch.int64, torch.float64], ids=str
+)
 def test_keys_sharing_a_window_are_sorted_by_whole_key(level: str, dtype: torch.dtype) -> None:
     # Runs of equal windows, long and short, anywhere in the row: only the sort of the runs
     # after the network orders them by their low bits.
+    wide = dtype.itemsize == 8
+    make = _wide_shared_windows if wide else _shared_windows
     with kernels.simd(level):
-        for n in LENGTHS:
-            x = _shared_windows(n, dtype, seed=n)
+        for n in WIDE_LENGTHS if wide else LENGTHS:
+            x = make(n, dtype, seed=n)
             _check(x)
             _check(x, descending=True)
 
@@ -150,18 +154,6 @@ def _wide_shared_windows(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
         row = torch.cat([cluster, other, ends]).to(dtype)
         rows.append(row[torch.randperm(n, generator=g)])
     return torch.stack(rows)
-
-
-@pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("dtype", [torch.int64, torch.float64], ids=str)
-def test_64_bit_keys_sharing_a_window_are_sorted_by_whole_key(
-    level: str, dtype: torch.dtype
-) -> None:
-    with kernels.simd(level):
-        for n in WIDE_LENGTHS:
-            x = _wide_shared_windows(n, dtype, seed=n)
-            _check(x)
-            _check(x, descending=True)
 
 
 @pytest.mark.parametrize("level", LEVELS)
