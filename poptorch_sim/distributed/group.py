@@ -14,6 +14,16 @@ import os
 import torch
 import torch.distributed as dist
 
+# [Note: the world group outlives destroy_process_group]
+# torch.distributed.nn.functional binds ``group.WORLD`` as its functions' default arguments when
+# it is imported. Imported after the group is joined (torch._dynamo imports it, and the first
+# torch.optim optimizer imports torch._dynamo), those defaults hold the world group after
+# destroy_process_group, and its gloo threads run on until interpreter teardown destroys it
+# (where an instance of benchmarks/scale_out.py once aborted: "terminate called without an
+# active exception"). Imported here, before any group exists, the defaults are None:
+# destroy_process_group frees the group and joins its threads.
+import torch.distributed.nn.functional  # noqa: F401  (see the note above)
+
 from .. import env
 from ..errors import UnrecoverableError
 from .topology import current_instance
