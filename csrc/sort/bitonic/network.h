@@ -54,7 +54,8 @@ constexpr std::array<std::pair<int, int>, odd_even_size<P>()> odd_even_pairs() {
 }
 
 // Vectors a register block holds: half of AVX2's register file, the rest is for temporaries.
-// (16 for AVX-512 spilled three times as many registers to the stack in GCC 12's code.)
+// (16 for AVX-512's 64-bit items spilled three times as many registers to the stack in GCC 12's
+// code; its 32-bit items take 16, see sort_network.)
 constexpr int kBlockVectors = 8;
 
 }  // namespace bitonic
