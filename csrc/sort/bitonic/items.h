@@ -65,6 +65,13 @@ template <typename scalar_t>
 constexpr bool kWideKeys = std::is_same<scalar_t, double>::value ||
                            std::is_same<scalar_t, int64_t>::value;
 
+// The least right shift that fits keys spanning `span` (largest less smallest) in a window of
+// window_bits bits (see [Note: wide keys] and [Note: windowed 32-bit items]).
+inline int window_shift(uint64_t span, int window_bits) {
+  const int bits = span == 0 ? 0 : 64 - __builtin_clzll(span);
+  return bits > window_bits ? bits - window_bits : 0;
+}
+
 }  // namespace bitonic
 }  // namespace sorting
 }  // namespace poptorch_sim
