@@ -75,7 +75,9 @@ def sort_rows(quick: bool) -> list[Row]:
 
 
 def short_sort_rows(quick: bool) -> list[Row]:
-    """Batches of short rows (2^20 float32 in all) against torch.sort and numpy."""
+    """Batches of short rows (2^20 float32 in all) against torch.sort and numpy: its stable
+    argsort and take (our contract), np.sort (values only) and its default argsort (indices
+    only, not stable; on AVX-512 and AVX2 CPUs numpy 2's SIMD key-index sort)."""
     total = 1 << (16 if quick else 20)
     repeats = 3 if quick else 9
     rows = []
@@ -119,6 +121,22 @@ def short_sort_rows(quick: bool) -> list[Row]:
                 ),
                 "np.sort (values only)",
                 bool(np.array_equal(values.numpy(), np.sort(xn, axis=1))),
+            ),
+            Row(
+                "sort rows",
+                size,
+                *interleaved(
+                    lambda x=x: kernels.sort(x, dim=1),
+                    lambda xn=xn: np.argsort(xn, axis=1),
+                    repeats,
+                ),
+                "np.argsort (indices only)",
+                bool(
+                    np.array_equal(
+                        values.numpy(),
+                        np.take_along_axis(xn, np.argsort(xn, axis=1), axis=1),
+                    )
+                ),
             ),
         ]
     return rows + short_sort_rows_other_dtypes(quick)

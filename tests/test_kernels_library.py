@@ -74,6 +74,8 @@ SCHEMAS = [
         "poptorch_sim::sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, "
         "Tensor indices)"
     ),
+    "poptorch_sim::sort_set_stream_mid_rows(bool stream) -> bool",
+    "poptorch_sim::sort_stream_mid_rows() -> bool",
     "poptorch_sim::stream_sum(Tensor[] micro_batches, int replicas) -> Tensor",
     (
         "poptorch_sim::topk(Tensor self, int k, int dim=-1, bool largest=True, "

@@ -32,6 +32,18 @@ def restore_choices() -> Iterator[None]:
         engine.set_simd_choice(family, level)
 
 
+class StoreTimings:
+    """An injected timer of the stores' modes: fixed seconds per mode; counts its calls."""
+
+    def __init__(self, seconds: dict[str, float]):
+        self.seconds = seconds
+        self.calls: list[str] = []
+
+    def __call__(self, mode: str) -> float:
+        self.calls.append(mode)
+        return self.seconds[mode]
+
+
 class Timings:
     """An injected timer: fixed seconds per level (per family where given); counts its calls."""
 
@@ -41,10 +53,19 @@ class Timings:
         self.seconds = seconds
         self.family = family or {}
         self.calls: list[tuple[str, str]] = []
+        self.stores = StoreTimings({"plain": 2.0, "stream": 1.0})  # the stores' timer
 
     def __call__(self, family: str, level: str) -> float:
         self.calls.append((family, level))
         return self.family.get(family, self.seconds)[level]
+
+
+@pytest.fixture(autouse=True)
+def restore_stores() -> Iterator[None]:
+    """Puts back the stores' choice (the tests below change it)."""
+    before = engine.stream_mid_rows()
+    yield
+    engine.set_stream_mid_rows(before)
 
 
 def test_families_are_the_sorts_nms_accumulation_and_optimizers() -> None:
@@ -278,6 +299,8 @@ def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Timings:
         engine.set_simd_choice(family, "")
     timer = Timings({"base": 2.0, "avx2": 1.0, "avx512": 3.0})
     monkeypatch.setattr(simd_choice, "measure", timer)
+    monkeypatch.setattr(simd_choice, "measure_stores", timer.stores)
+    engine.set_stream_mid_rows(False)
     return timer
 
 
@@ -319,11 +342,14 @@ def test_a_family_is_measured_once_on_first_use(fresh: Timings) -> None:
     kernels.sort(x, descending=True)
     kernels.argsort(x.t(), dim=0)  # the same row length class
     assert len(fresh.calls) == len(UNDER_CAP)
-    assert simd_choice.settled() == {"sort_rows_256_32bit"}
+    # rows of 100: the stores' choice too, once
+    assert simd_choice.settled() == {"sort_rows_256_32bit", "sort_stores"}
+    assert fresh.stores.calls == ["plain", "stream"]
+    assert engine.stream_mid_rows()
     kernels.sort(torch.randn(3, 10))
     kernels.topk(torch.randn(3, 10), 2)  # top-k: no SIMD variants, no choice
-    assert simd_choice.settled() == {"sort_rows_256_32bit", "sort_rows_16_32bit"}
-    assert cached_families() == {"sort_rows_256_32bit", "sort_rows_16_32bit"}
+    assert simd_choice.settled() == {"sort_rows_256_32bit", "sort_rows_16_32bit", "sort_stores"}
+    assert cached_families() == {"sort_rows_256_32bit", "sort_rows_16_32bit", "sort_stores"}
 
 
 def test_each_wrapper_chooses_its_family(fresh: Timings) -> None:
@@ -404,7 +430,8 @@ def test_report_measures_every_family_not_measured_yet(fresh: Timings) -> None:
     kernels.sort(torch.randn(10))
     report = kernels.simd_report()
     assert len(fresh.calls) == len(engine.simd_families()) * len(UNDER_CAP)
-    assert simd_choice.settled() == set(engine.simd_families())
+    assert simd_choice.settled() == {*engine.simd_families(), "sort_stores"}
+    assert "plain 2000.000, stream 1000.000; runs stream" in report
     assert "2000.000" in report  # base's injected seconds
     assert ("1000.000" in report) == ("avx2" in UNDER_CAP)  # avx2's
 
@@ -429,11 +456,63 @@ def test_a_failed_measurement_warns_and_runs_the_cap(
     monkeypatch.setattr(simd_choice, "measure", broken)
     x = torch.randn(5, 20)
     assert torch.equal(kernels.sort(x).values, torch.sort(x).values)
-    assert "choosing the SIMD variant of sort_rows_256_32bit failed (RuntimeError: no timer" in (
-        caplog.text
+    assert (
+        "choosing the SIMD variant of sort_rows_256_32bit, sort_stores failed (RuntimeError: no "
+        "timer" in caplog.text
     )
-    assert simd_choice.settled() == {"sort_rows_256_32bit"}  # not tried again on every call
+    # not tried again on every call; rows of 100 keep ordinary stores
+    assert simd_choice.settled() == {"sort_rows_256_32bit", "sort_stores"}
     assert engine.simd_family_level("sort_rows_256_32bit") == kernels.simd_level()
+    assert not engine.stream_mid_rows()
+
+
+def test_stores_take_the_faster_mode_once_per_machine(tmp_path: Path) -> None:
+    path = tmp_path / "choice.json"
+    timer = StoreTimings({"plain": 2.0, "stream": 1.0})
+    assert simd_choice.choose_stores(timer, path=path, key="cpu") == "stream"
+    assert engine.stream_mid_rows() and timer.calls == ["plain", "stream"]
+    # the cache answers the next time; the families' entries beside it are kept
+    simd_choice._merge(path, "cpu", {"nms": {"base": 1.0}})
+    assert simd_choice.choose_stores(StoreTimings({}), path=path, key="cpu") == "stream"
+    assert set(json.loads(path.read_text())["entries"]["cpu"]) == {"nms", "sort_stores"}
+    # a tie keeps ordinary stores; a half-cached entry is measured for the other mode only
+    timer = StoreTimings({"plain": 1.0, "stream": 1.0})
+    assert simd_choice.choose_stores(timer, path=path, key="tie") == "plain"
+    assert not engine.stream_mid_rows()
+    simd_choice._merge(path, "half", {"sort_stores": {"plain": 3.0}})
+    timer = StoreTimings({"plain": 0.0, "stream": 1.0})
+    assert simd_choice.choose_stores(timer, path=path, key="half") == "stream"
+    assert timer.calls == ["stream"]
+
+
+def test_load_sets_the_cached_stores_choice(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(simd_choice, "_settled", set())
+    path = tmp_path / "choice.json"
+    engine.set_stream_mid_rows(False)
+    simd_choice._merge(path, simd_choice._key(), {"sort_stores": {"plain": 2.0}})
+    assert "sort_stores" not in simd_choice.load(path)  # one mode timed: not a choice yet
+    simd_choice._merge(path, simd_choice._key(), {"sort_stores": {"stream": 1.0}})
+    assert simd_choice.load(path) == ["sort_stores"]
+    assert engine.stream_mid_rows()
+
+
+def test_only_rows_of_17_to_1023_choose_the_stores(fresh: Timings) -> None:
+    kernels.sort(torch.randn(4, 16))
+    kernels.sort(torch.randn(2, 2000))
+    assert "sort_stores" not in simd_choice.settled()
+    kernels.sort(torch.randn(2, 1000))  # the 1024 class
+    assert "sort_stores" in simd_choice.settled()
+
+
+def test_measure_stores_on_this_cpu() -> None:
+    before = engine.stream_mid_rows()
+    for mode in simd_choice.STORE_MODES:
+        assert 0 < simd_choice.measure_stores(mode, repeats=1) < 10
+        assert engine.stream_mid_rows() == before
+    with pytest.raises(ValueError, match="unknown store mode 'fast'; use one of plain, stream"):
+        simd_choice.measure_stores("fast")
 
 
 def test_first_use_honours_the_cap(fresh: Timings) -> None:

@@ -37,6 +37,10 @@ void sort_small_base(uint64_t* items, int64_t n) {
 
 }  // namespace
 
+std::atomic<bool> stream_mid_rows_setting{false};
+
+bool set_stream_mid_rows(bool stream) { return stream_mid_rows_setting.exchange(stream); }
+
 void sort_small(uint64_t* items, int64_t n, simd::Level level) {
   TORCH_CHECK(n <= kBitonicBaseMax, "poptorch_sim: bitonic::sort_small got ", n, " items");
   simd::pick(level, &sort_small_avx512, &sort_small_avx2, &sort_small_base)(items, n);

@@ -266,7 +266,11 @@ TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
 }
 
 // A test hook, not a kernel: one function for every device (check_sortable wants a CPU tensor).
+// And the measured choice of [Note: streaming stores].
 TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
   m.def("_sort_rows_8_lanes(Tensor self, bool descending=False) -> (Tensor values, Tensor indices)",
         &poptorch_sim::sorting::sort_rows_8_lanes);
+  m.def("sort_set_stream_mid_rows(bool stream) -> bool",
+        &poptorch_sim::sorting::bitonic::set_stream_mid_rows);
+  m.def("sort_stream_mid_rows() -> bool", &poptorch_sim::sorting::bitonic::stream_mid_rows);
 }

@@ -30,11 +30,13 @@ __all__ = [
     "set_num_tiles",
     "set_simd_choice",
     "set_simd_level",
+    "set_stream_mid_rows",
     "simd",
     "simd_families",
     "simd_family_level",
     "simd_family_runs",
     "simd_level",
+    "stream_mid_rows",
     "supported_simd_level",
     "tiles",
     "uncounted",
@@ -252,6 +254,22 @@ def simd_family_runs(family: str) -> dict[str, int]:
 def set_simd_choice(family: str, level: str) -> str:
     """Sets ``family``'s measured SIMD variant (``""``: none) and returns the previous one."""
     return str(torch.ops.poptorch_sim.engine_set_simd_choice(family, level))
+
+
+def stream_mid_rows() -> bool:
+    """Returns whether the row sorts write rows of 17 to 1023 items with streaming stores.
+
+    Rows of 16 items and of 1024 or more always stream (when a tile writes at least 2^16 items);
+    for the rows between, :mod:`.simd_choice` measures which way is faster on this CPU
+    (``[Note: streaming stores]`` in ``csrc/sort/bitonic/rows.h``). Both give the same bits.
+    """
+    return bool(torch.ops.poptorch_sim.sort_stream_mid_rows())
+
+
+def set_stream_mid_rows(stream: bool) -> bool:
+    """Sets whether the row sorts write rows of 17 to 1023 items with streaming stores (see
+    :func:`stream_mid_rows`) and returns the previous setting."""
+    return bool(torch.ops.poptorch_sim.sort_set_stream_mid_rows(stream))
 
 
 def simd(level: str) -> AbstractContextManager[None]:

@@ -15,6 +15,11 @@ its per-tile selection and merges are scalar code, compiled once. ``POPTORCH_SIM
 turns choosing off: every family then runs the widest variant under the cap.
 :func:`simd_report` measures what is still unmeasured and shows the CPU, each variant's time
 and the choice. The samples' kernels are left out of :func:`.engine.counters`.
+
+The same way, the first sort of rows of 17 to 1023 items times whether their outputs are
+written with streaming stores or ordinary ones (:func:`choose_stores`; ``[Note: streaming
+stores]`` in ``csrc/sort/bitonic/rows.h``): which is faster depends on the machine's memory, not
+on its SIMD level. Its two times are cached beside the families' as ``sort_stores``.
 """
 
 from __future__ import annotations
@@ -47,11 +52,13 @@ except ImportError:  # not POSIX: the cache is still replaced atomically, merges
 __all__ = [
     "cache_file",
     "choose",
+    "choose_stores",
     "cpu_model",
     "ensure",
     "first_use",
     "load",
     "measure",
+    "measure_stores",
     "settled",
     "simd_report",
     "sort_family",
@@ -62,6 +69,12 @@ __all__ = [
 # length class (sort_rows_256, ...), timed on float32 for every width.
 _VERSION = 3
 Timer = Callable[[str, str], float]
+
+# The cache entry of the stores' choice for rows of 17 to 1023 items, and its two modes.
+STORES = "sort_stores"
+STORE_MODES = ("plain", "stream")
+# The row sort families whose rows include such lengths.
+_MID_ROW_FAMILIES = ("sort_rows_256_", "sort_rows_1024_")
 
 
 def cache_file() -> Path:
@@ -113,6 +126,37 @@ def measure(family: str, level: str, repeats: int = 5) -> float:
     return best
 
 
+def measure_stores(mode: str, repeats: int = 3) -> float:
+    """Returns the best of ``repeats`` times (seconds) of a sort of 4096 float32 rows of 256
+    (2^20 items) on every tile, its outputs written in ``mode`` (``plain`` or ``stream``) to
+    memory out of cache.
+
+    A sort's outputs are usually cold: other work ran since their memory was last written (the
+    benchmark's reference sorts; a model's other layers). So a 32 MiB buffer is written before
+    each timed call, which also evicts the 12 MiB of outputs the call before wrote; and the
+    tiles all write at once, as they do in use, sharing the memory's bandwidth. Both modes take
+    about 90 ms on dev-xeon. The sample's kernels are left out of :func:`.engine.counters`.
+    """
+    if mode not in STORE_MODES:
+        raise ValueError(f"unknown store mode {mode!r}; use one of {', '.join(STORE_MODES)}")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 256, generator=g, dtype=torch.float32, device="cpu")
+    evict = torch.empty(1 << 23, dtype=torch.float32, device="cpu")
+    previous = engine.set_stream_mid_rows(mode == "stream")
+    try:
+        with engine.uncounted():
+            torch.ops.poptorch_sim.sort(x)  # warm-up: first touch of the outputs
+            best = float("inf")
+            for _ in range(repeats):
+                evict.fill_(1.0)
+                start = time.perf_counter()
+                torch.ops.poptorch_sim.sort(x)
+                best = min(best, time.perf_counter() - start)
+    finally:
+        engine.set_stream_mid_rows(previous)
+    return best
+
+
 def _read(path: Path) -> dict[str, Any]:
     """The cache's entries, or none when the file is missing, unreadable or not ours."""
     try:
@@ -156,7 +200,7 @@ def _merge(path: Path, key: str, times: dict[str, dict[str, float]]) -> None:
             entry = entries.get(key)
             entry = entry if isinstance(entry, dict) else {}
             for family, new in times.items():
-                entry[family] = {**_valid_times(entry.get(family), engine.SIMD_LEVELS), **new}
+                entry[family] = {**_valid_times(entry.get(family), _modes(family)), **new}
             entries[key] = entry
             fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".simd_choice.")
             try:
@@ -180,6 +224,11 @@ def _valid_times(times: object, levels: tuple[str, ...]) -> dict[str, float]:
         for level, t in times.items()
         if level in levels and isinstance(t, (int, float)) and t > 0
     }
+
+
+def _modes(family: str) -> tuple[str, ...]:
+    """What a cache entry times: the stores' modes, or a family's SIMD levels."""
+    return STORE_MODES if family == STORES else engine.SIMD_LEVELS
 
 
 def _fastest(times: dict[str, float], levels: tuple[str, ...]) -> str:
@@ -241,6 +290,40 @@ def choose(
     return choices
 
 
+def _faster_store(times: dict[str, float]) -> str:
+    """The faster of the store modes; on a tie ordinary stores."""
+    return min(STORE_MODES, key=lambda mode: (times[mode], STORE_MODES.index(mode)))
+
+
+def choose_stores(
+    timer: Callable[[str], float] | None = None, path: Path | None = None, key: str | None = None
+) -> str:
+    """Sets whether rows of 17 to 1023 items are written with streaming stores, by the faster of
+    the two on this machine (a tie: ordinary stores), and returns the choice.
+
+    Times come from the cache where it has them for this CPU and build, else from ``timer``
+    (default :func:`measure_stores`), and new ones are merged into the cache.
+
+    Args:
+        timer: ``timer(mode)`` -> seconds, ``mode`` one of ``plain`` and ``stream``; tests
+            inject fixed times.
+        path: the cache file (default :func:`cache_file`).
+        key: the cache entry (default: CPU model, supported level and build).
+    """
+    timer = timer or measure_stores
+    path = path or cache_file()
+    key = key or _key()
+    entry = _read(path).get(key)
+    times = _valid_times(entry.get(STORES) if isinstance(entry, dict) else None, STORE_MODES)
+    new = {mode: float(timer(mode)) for mode in STORE_MODES if mode not in times}
+    times.update(new)
+    choice = _faster_store(times)
+    engine.set_stream_mid_rows(choice == "stream")
+    if new:
+        _merge(path, key, {STORES: new})
+    return choice
+
+
 # The families whose choice this process has made (measured, read from the cache, or left to
 # the cap because choosing is off); _lock guards the changes, _busy marks the chooser's own
 # samples running (their wrappers must not start choosing again).
@@ -257,7 +340,8 @@ def settled() -> frozenset[str]:
 def load(path: Path | None = None) -> list[str]:
     """Sets the choices the cache holds for every family it has times for; measures nothing.
 
-    A family counts when the cache times every variant under the cap. Returns those families.
+    A family counts when the cache times every variant under the cap, the stores' choice
+    (:data:`STORES`) when it times both modes. Returns those families.
     """
     if not env.simd_measure():
         return []
@@ -272,19 +356,25 @@ def load(path: Path | None = None) -> list[str]:
                 engine.set_simd_choice(family, _fastest(times, levels))
                 _settled.add(family)
                 done.append(family)
+        stores = _valid_times(entry.get(STORES), STORE_MODES)
+        if STORES not in _settled and len(stores) == len(STORE_MODES):
+            engine.set_stream_mid_rows(_faster_store(stores) == "stream")
+            _settled.add(STORES)
+            done.append(STORES)
         return done
 
 
 def ensure(*families: str) -> None:
     """Chooses each of ``families`` not chosen yet in this process (all with none named).
 
-    Families the cache lacks are measured (:func:`choose`) and merged into it. Other threads
-    wait while a family is measured; the samples' own kernels do not choose again. A failure
-    while measuring is logged as a warning and the families run the widest variant under the
-    cap.
+    Families the cache lacks are measured (:func:`choose`; :data:`STORES`, the stores' choice:
+    :func:`choose_stores`) and merged into it. Other threads wait while a family is measured;
+    the samples' own kernels do not choose again. A failure while measuring is logged as a
+    warning and the families run the widest variant under the cap (rows of 17 to 1023 items
+    ordinary stores).
     """
     global _busy
-    wanted = families or tuple(engine.simd_families())
+    wanted = families or (*engine.simd_families(), STORES)
     if _settled.issuperset(wanted):
         return
     with _lock:
@@ -295,7 +385,10 @@ def ensure(*families: str) -> None:
             _busy = True
             start = time.perf_counter()
             try:
-                choices = choose(measure, families=missing)
+                kernel_families = [family for family in missing if family != STORES]
+                choices = choose(measure, families=kernel_families) if kernel_families else {}
+                if STORES in missing:
+                    choices[STORES] = choose_stores()
                 logger.debug(
                     "SIMD variants chosen in %.1f ms: %s", (time.perf_counter() - start) * 1e3,
                     ", ".join(f"{family} {level}" for family, level in choices.items()),
@@ -321,7 +414,9 @@ def _runs_kernels(tensors: tuple[Tensor, ...]) -> bool:
 
 
 def first_use(family: str | None, *tensors: Tensor) -> None:
-    """Chooses ``family``'s variant before its first kernel runs in this process (:func:`ensure`).
+    """Chooses ``family``'s variant before its first kernel runs in this process (:func:`ensure`),
+    and for the row sorts of 17 to 1023 items (``sort_rows_256_*``, ``sort_rows_1024_*``) the
+    stores' choice too (:func:`choose_stores`).
 
     Nothing is done once it is chosen, nor for calls that will not run the C++ kernels here
     (operands on CUDA, fake or traced tensors, ``torch.compile`` tracing).
@@ -331,9 +426,12 @@ def first_use(family: str | None, *tensors: Tensor) -> None:
             variants (:func:`sort_family` of long rows of 64-bit keys).
         tensors: the call's operands (one of each list is enough).
     """
-    if family is None or family in _settled or not _runs_kernels(tensors):
+    if family is None:
         return
-    ensure(family)
+    wanted = (family, STORES) if family.startswith(_MID_ROW_FAMILIES) else (family,)
+    if _settled.issuperset(wanted) or not _runs_kernels(tensors):
+        return
+    ensure(*wanted)
 
 
 def sort_family(input: Tensor, dim: int = -1) -> str | None:
@@ -371,6 +469,7 @@ def simd_report(path: Path | None = None) -> str:
     family                    base     avx2   avx512  runs
     sort_rows_16_16bit       0.152    0.095    0.087  avx512
     ...
+    stores of rows of 17-1023 items (ms): plain 2.285, stream 1.829; runs stream
     """
     if path is None:
         ensure()
@@ -388,4 +487,11 @@ def simd_report(path: Path | None = None) -> str:
             f"{times[lv] * 1e3:8.3f}" if lv in times else f"{'-':>8}" for lv in levels
         )
         lines.append(f"{family:<21} {cells}  {engine.simd_family_level(family)}")
+    stores = _valid_times(entry.get(STORES) if isinstance(entry, dict) else None, STORE_MODES)
+    cells = ", ".join(
+        f"{mode} {stores[mode] * 1e3:.3f}" if mode in stores else f"{mode} -"
+        for mode in STORE_MODES
+    )
+    mode = "stream" if engine.stream_mid_rows() else "plain"
+    lines.append(f"stores of rows of 17-1023 items (ms): {cells}; runs {mode}")
     return "\n".join(lines)

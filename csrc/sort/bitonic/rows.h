@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "sort/bitonic/items.h"
@@ -38,12 +39,28 @@ constexpr int64_t rows_buffer_size(int64_t n) {
 // of them, they go out with streaming stores, which skip reading each line into the cache before
 // writing it: the batched short-row sorts run right after other work (torch.sort, in the
 // benchmark) found their 12 MiB of outputs out of cache, and paid for that read as much as for
-// the sort of 16-item rows itself. Rows of 256 were slower streamed, though (two threads: 1.97
-// against 1.54 ms for 4096 x 256 in one run, and 2.2 against 1.9 ms in benchmarks/kernels.py,
-// 2026-11-23), while rows of 64 and 1024 came out the same and rows of 4096 3-8% faster; rows
-// between kRun and kStreamRowMin items are therefore written the ordinary way.
+// the sort of 16-item rows itself. Rows of 16 and of 1024 or more stream. For the rows between,
+// which way is faster depends on the machine: streamed, rows of 256 took 1.97 against 1.54 ms on
+// two threads of an AMD EPYC (2026-11-23), with the outputs in cache, but on an Intel Xeon
+// (dev-xeon, 2026-11-26) the short-row benchmark, whose outputs are out of cache, ran float32
+// rows of 256 13.3-14.3x torch.sort streamed against 9.8-12.6x (benchmarks/RESULTS.md). So
+// poptorch_sim.kernels.simd_choice times both on this machine, with the outputs out of cache,
+// and sets the choice (set_stream_mid_rows); until then they are written the ordinary way.
 constexpr int64_t kStreamMin = int64_t{1} << 16;  // items a tile writes before it streams them
-constexpr int64_t kStreamRowMin = 1024;           // the shortest row past kRun that streams
+constexpr int64_t kStreamRowMin = 1024;           // the shortest row past kRun that always streams
+
+// Whether rows of kRun < n < kStreamRowMin items stream too (see [Note: streaming stores]).
+extern std::atomic<bool> stream_mid_rows_setting;
+inline bool stream_mid_rows() { return stream_mid_rows_setting.load(std::memory_order_relaxed); }
+
+// Whether a tile's outputs of rows of n items (rows * n of them) are streamed, their alignment
+// and the vector width aside.
+inline bool streamed_rows(int64_t rows, int64_t n) {
+  return rows * n >= kStreamMin && (n <= kRun || n >= kStreamRowMin || stream_mid_rows());
+}
+
+// Sets whether rows of kRun < n < kStreamRowMin stream; returns the previous setting.
+bool set_stream_mid_rows(bool stream);
 
 }  // namespace bitonic
 }  // namespace sorting
