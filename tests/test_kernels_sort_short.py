@@ -7,7 +7,7 @@ import torch
 from test_kernels_sort import DTYPES  # every dtype the sort takes
 
 from poptorch_sim import kernels
-from poptorch_sim.kernels import engine
+from poptorch_sim.kernels import engine, simd_choice
 
 # Around every power of two the network pads to, up to the longest rows it takes (kBitonicRowMax
 # in csrc/sort/sort.cpp: 2^15).
@@ -87,19 +87,11 @@ def test_rows_of_17_to_1023_in_either_store_mode(length: int, stream: bool) -> N
     # One tile writing at least 2^16 items of such rows streams them out where the measured
     # choice says so ([Note: streaming stores]); the bits are the same either way.
     rows = (1 << 16) // length + 3
+    simd_choice.ensure(simd_choice.STORES)  # (the first such sort would make the choice)
     previous = engine.set_stream_mid_rows(stream)
     try:
         with kernels.tiles(1):
-            for seed, dtype in enumerate(
-                (
-                    torch.float32,
-                    torch.int32,
-                    torch.float16,
-                    torch.int16,
-                    torch.float64,
-                    torch.int64,
-                )
-            ):
+            for seed, dtype in enumerate(DTYPES):
                 _check(_rows(rows, length, dtype, seed=30 + seed), descending=seed % 2 == 1)
             _check(torch.randn(rows, length, dtype=torch.float64))  # no NaN, no -0.0
     finally:

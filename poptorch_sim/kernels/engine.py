@@ -268,7 +268,8 @@ def stream_mid_rows() -> bool:
 
 def set_stream_mid_rows(stream: bool) -> bool:
     """Sets whether the row sorts write rows of 17 to 1023 items with streaming stores (see
-    :func:`stream_mid_rows`) and returns the previous setting."""
+    :func:`stream_mid_rows`) and returns the previous setting. The measured choice replaces it
+    when it is made (the first sort of such rows in the process, unless already made)."""
     return bool(torch.ops.poptorch_sim.sort_set_stream_mid_rows(stream))
 
 
