@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +75,38 @@ def sort_rows(quick: bool) -> list[Row]:
     return rows
 
 
+def _sort_rows_row(
+    size: str, x: torch.Tensor, ref: Callable[[], object], ref_name: str, repeats: int, same: bool
+) -> Row:
+    """A "sort rows" line: ``kernels.sort(x, dim=1)`` against ``ref``, timed interleaved."""
+    return Row(
+        "sort rows",
+        size,
+        *interleaved(lambda: kernels.sort(x, dim=1), ref, repeats),
+        ref_name,
+        same,
+    )
+
+
+def _against_torch_sort(
+    size: str, x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, repeats: int
+) -> Row:
+    """The ``torch.sort`` line of rows ``x`` sorted to ``values``, ``indices``: identical means
+    what the stable sort gives."""
+    ref = torch.sort(x, dim=1, stable=True)
+    same = torch.equal(values, ref.values) and torch.equal(indices, ref.indices)
+    return _sort_rows_row(size, x, lambda: torch.sort(x, dim=1), "torch.sort", repeats, same)
+
+
+def _against_np_sort(size: str, x: torch.Tensor, values: torch.Tensor, repeats: int) -> Row:
+    """The ``np.sort`` (values only) line of rows ``x`` sorted to ``values``."""
+    xn = x.numpy()
+    same = bool(np.array_equal(values.numpy(), np.sort(xn, axis=1)))
+    return _sort_rows_row(
+        size, x, lambda: np.sort(xn, axis=1), "np.sort (values only)", repeats, same
+    )
+
+
 def short_sort_rows(quick: bool) -> list[Row]:
     """Batches of short rows (2^20 float32 in all) against torch.sort and numpy: its stable
     argsort and take (our contract), np.sort (values only) and its default argsort (indices
@@ -85,7 +118,6 @@ def short_sort_rows(quick: bool) -> list[Row]:
         x = torch.randn(total // n, n)
         xn = x.numpy()
         values, indices = kernels.sort(x, dim=1)
-        ref_values, ref_indices = torch.sort(x, dim=1, stable=True)
         size = f"{total // n}x{n}"
 
         def same_contract_numpy(xn: np.ndarray = xn) -> tuple[np.ndarray, np.ndarray]:
@@ -94,47 +126,28 @@ def short_sort_rows(quick: bool) -> list[Row]:
 
         np_values, np_indices = same_contract_numpy()
         rows += [
-            Row(
-                "sort rows",
+            _against_torch_sort(size, x, values, indices, repeats),
+            _sort_rows_row(
                 size,
-                *interleaved(
-                    lambda x=x: kernels.sort(x, dim=1), lambda x=x: torch.sort(x, dim=1), repeats
-                ),  # fmt: skip
-                "torch.sort",
-                torch.equal(values, ref_values) and torch.equal(indices, ref_indices),
-            ),
-            Row(
-                "sort rows",
-                size,
-                *interleaved(lambda x=x: kernels.sort(x, dim=1), same_contract_numpy, repeats),
+                x,
+                same_contract_numpy,
                 "np stable argsort+take",
+                repeats,
                 bool(
                     np.array_equal(values.numpy(), np_values)
                     and np.array_equal(indices.numpy(), np_indices)
                 ),
             ),
-            Row(
-                "sort rows",
+            _against_np_sort(size, x, values, repeats),
+            _sort_rows_row(
                 size,
-                *interleaved(
-                    lambda x=x: kernels.sort(x, dim=1), lambda xn=xn: np.sort(xn, axis=1), repeats
-                ),
-                "np.sort (values only)",
-                bool(np.array_equal(values.numpy(), np.sort(xn, axis=1))),
-            ),
-            Row(
-                "sort rows",
-                size,
-                *interleaved(
-                    lambda x=x: kernels.sort(x, dim=1),
-                    lambda xn=xn: np.argsort(xn, axis=1),
-                    repeats,
-                ),
+                x,
+                lambda xn=xn: np.argsort(xn, axis=1),
                 "np.argsort (indices only)",
+                repeats,
                 bool(
                     np.array_equal(
-                        values.numpy(),
-                        np.take_along_axis(xn, np.argsort(xn, axis=1), axis=1),
+                        values.numpy(), np.take_along_axis(xn, np.argsort(xn, axis=1), axis=1)
                     )
                 ),
             ),
@@ -155,36 +168,10 @@ def short_sort_rows_other_dtypes(quick: bool) -> list[Row]:
                 x = torch.randint(torch.iinfo(dtype).min, torch.iinfo(dtype).max, (total // n, n))
                 x = x.to(dtype)
             values, indices = kernels.sort(x, dim=1)
-            ref_values, ref_indices = torch.sort(x, dim=1, stable=True)
             size = f"{total // n}x{n} {str(dtype).removeprefix('torch.')}"
-            rows.append(
-                Row(
-                    "sort rows",
-                    size,
-                    *interleaved(
-                        lambda x=x: kernels.sort(x, dim=1),
-                        lambda x=x: torch.sort(x, dim=1),
-                        repeats,
-                    ),
-                    "torch.sort",
-                    torch.equal(values, ref_values) and torch.equal(indices, ref_indices),
-                )
-            )
+            rows.append(_against_torch_sort(size, x, values, indices, repeats))
             if dtype != torch.bfloat16:  # numpy has no bfloat16
-                xn = x.numpy()
-                rows.append(
-                    Row(
-                        "sort rows",
-                        size,
-                        *interleaved(
-                            lambda x=x: kernels.sort(x, dim=1),
-                            lambda xn=xn: np.sort(xn, axis=1),
-                            repeats,
-                        ),
-                        "np.sort (values only)",
-                        bool(np.array_equal(values.numpy(), np.sort(xn, axis=1))),
-                    )
-                )
+                rows.append(_against_np_sort(size, x, values, repeats))
     return rows
 
 
