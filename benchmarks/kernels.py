@@ -4,12 +4,14 @@ Run ``.venv/bin/python benchmarks/kernels.py`` (``--quick`` for a smoke run). Ea
 ours and the reference interleaved, repeat by repeat, so machine noise hits both alike, and
 prints medians, the speedup (reference median / ours) and whether the results are identical.
 Rows of the accumulation/optimizer kernels come from ``benchmarks/kernels_optim.py`` when
-present: its ``rows(quick: bool) -> list[Row]`` is appended to the table.
+present: its ``rows(quick: bool) -> list[Row]`` is appended to the table. ``--as-avx2`` runs the
+table as on a CPU without AVX-512: poptorch_sim, torch and numpy all capped at their AVX2 code.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -299,6 +301,25 @@ def print_table(rows: list[Row]) -> None:
         )
 
 
+def numpy_simd_targets() -> list[str]:
+    """numpy's dispatch targets this CPU runs (its SIMD sorts among them), narrowest first."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:  # numpy 1.x
+        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    return [target for target in __cpu_dispatch__ if __cpu_features__.get(target)]
+
+
+def as_avx2_environment() -> dict[str, str]:
+    """This environment with poptorch_sim, torch and numpy capped at AVX2, as on an AVX2-only CPU:
+    numpy's AVX-512 dispatch targets disabled, torch's ATen kernels at its AVX2 capability."""
+    env = dict(os.environ, POPTORCH_SIM_SIMD="avx2", ATEN_CPU_CAPABILITY="avx2")
+    wide = [t for t in numpy_simd_targets() if t.startswith("AVX512") or t == "X86_V4"]
+    if wide:
+        env["NPY_DISABLE_CPU_FEATURES"] = " ".join(wide)
+    return env
+
+
 def main(argv: list[str] | None = None) -> list[Row]:
     """Runs every section and prints the table; returns its rows."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -314,11 +335,22 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument(
         "--only", choices=sorted(sections), action="append", help="run these sections only"
     )
+    parser.add_argument(
+        "--as-avx2",
+        action="store_true",
+        help="run as on a CPU without AVX-512: poptorch_sim, torch and numpy at their AVX2 code",
+    )
     args = parser.parse_args(argv)
+    if args.as_avx2:  # numpy and torch read their caps on import: run again under them
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--as-avx2"]
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, __file__, *rest], as_avx2_environment())
     torch.manual_seed(0)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{kernels.num_tiles()} tiles"
+        f"{kernels.num_tiles()} tiles; torch CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}, numpy {np.__version__} up to "
+        f"{numpy_simd_targets()[-1] if numpy_simd_targets() else 'its baseline'}"
     )
     print(kernels.simd_report())  # CPU model, cores, SIMD level and each family's variant
     print()

@@ -59,3 +59,31 @@ def test_quick_mode_runs_and_prints_ratios(script: str, tmp_path: Path) -> None:
         f"{script} --quick exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     )
     assert RATIO.search(proc.stdout), f"{script} --quick printed no ratio:\n{proc.stdout[-2000:]}"
+
+
+def test_kernels_as_avx2_caps_poptorch_sim_torch_and_numpy(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "kernels.py"),
+            "--quick",
+            "--only",
+            "short",
+            "--as-avx2",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"kernels.py --as-avx2 exited {proc.returncode}:\n{proc.stderr}"
+    libraries, cpu = proc.stdout.splitlines()[:2]
+    assert "torch CPU capability AVX512" not in libraries, libraries
+    assert "AVX512" not in libraries.split("numpy")[1] and "X86_V4" not in libraries, libraries
+    assert cpu.startswith("CPU: ") and "cap avx512" not in cpu, cpu
+    assert RATIO.search(proc.stdout), proc.stdout[-2000:]
