@@ -346,11 +346,12 @@ def main(argv: list[str] | None = None) -> list[Row]:
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, __file__, *rest], as_avx2_environment())
     torch.manual_seed(0)
+    numpy_targets = numpy_simd_targets()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{kernels.num_tiles()} tiles; torch CPU capability "
         f"{torch.backends.cpu.get_cpu_capability()}, numpy {np.__version__} up to "
-        f"{numpy_simd_targets()[-1] if numpy_simd_targets() else 'its baseline'}"
+        f"{numpy_targets[-1] if numpy_targets else 'its baseline'}"
     )
     print(kernels.simd_report())  # CPU model, cores, SIMD level and each family's variant
     print()
