@@ -290,9 +290,11 @@ def choose(
     return choices
 
 
-def _faster_store(times: dict[str, float]) -> str:
-    """The faster of the store modes; on a tie ordinary stores."""
-    return min(STORE_MODES, key=lambda mode: (times[mode], STORE_MODES.index(mode)))
+def _set_stores(times: dict[str, float]) -> str:
+    """Sets the faster of the store modes (on a tie ordinary stores) and returns it."""
+    choice = min(STORE_MODES, key=lambda mode: (times[mode], STORE_MODES.index(mode)))
+    engine.set_stream_mid_rows(choice == "stream")
+    return choice
 
 
 def choose_stores(
@@ -317,8 +319,7 @@ def choose_stores(
     times = _valid_times(entry.get(STORES) if isinstance(entry, dict) else None, STORE_MODES)
     new = {mode: float(timer(mode)) for mode in STORE_MODES if mode not in times}
     times.update(new)
-    choice = _faster_store(times)
-    engine.set_stream_mid_rows(choice == "stream")
+    choice = _set_stores(times)
     if new:
         _merge(path, key, {STORES: new})
     return choice
@@ -358,7 +359,7 @@ def load(path: Path | None = None) -> list[str]:
                 done.append(family)
         stores = _valid_times(entry.get(STORES), STORE_MODES)
         if STORES not in _settled and len(stores) == len(STORE_MODES):
-            engine.set_stream_mid_rows(_faster_store(stores) == "stream")
+            _set_stores(stores)
             _settled.add(STORES)
             done.append(STORES)
         return done
@@ -474,7 +475,8 @@ def simd_report(path: Path | None = None) -> str:
     if path is None:
         ensure()
     entries = _read(path or cache_file())
-    entry = entries.get(_key(), {})
+    entry = entries.get(_key())
+    entry = entry if isinstance(entry, dict) else {}
     lines = [
         f"CPU: {cpu_model()} ({os.cpu_count()} cores), supports {engine.supported_simd_level()}, "
         f"cap {engine.simd_level()}",
@@ -482,12 +484,12 @@ def simd_report(path: Path | None = None) -> str:
     ]
     levels = engine.SIMD_LEVELS
     for family in engine.simd_families():
-        times = _valid_times(entry.get(family) if isinstance(entry, dict) else None, levels)
+        times = _valid_times(entry.get(family), levels)
         cells = " ".join(
             f"{times[lv] * 1e3:8.3f}" if lv in times else f"{'-':>8}" for lv in levels
         )
         lines.append(f"{family:<21} {cells}  {engine.simd_family_level(family)}")
-    stores = _valid_times(entry.get(STORES) if isinstance(entry, dict) else None, STORE_MODES)
+    stores = _valid_times(entry.get(STORES), STORE_MODES)
     cells = ", ".join(
         f"{mode} {stores[mode] * 1e3:.3f}" if mode in stores else f"{mode} -"
         for mode in STORE_MODES
