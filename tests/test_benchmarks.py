@@ -35,26 +35,26 @@ def test_every_benchmark_script_has_a_quick_mode() -> None:
     assert scripts - set(BENCHMARKS) == set()
 
 
-@pytest.mark.parametrize("script", BENCHMARKS)
-def test_quick_mode_runs_and_prints_ratios(script: str, tmp_path: Path) -> None:
+def _run(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Runs benchmarks/``script`` with ``args`` from ``cwd``, the tree on its path, offline."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         "POPTORCH_SIM_OFFLINE": "1",
     }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / script),
-            "--quick",
-            *EXTRA_ARGS.get(script, []),
-        ],
-        cwd=tmp_path,
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), *args],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+@pytest.mark.parametrize("script", BENCHMARKS)
+def test_quick_mode_runs_and_prints_ratios(script: str, tmp_path: Path) -> None:
+    proc = _run(script, ["--quick", *EXTRA_ARGS.get(script, [])], tmp_path)
     assert proc.returncode == 0, (
         f"{script} --quick exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     )
@@ -62,25 +62,7 @@ def test_quick_mode_runs_and_prints_ratios(script: str, tmp_path: Path) -> None:
 
 
 def test_kernels_as_avx2_caps_poptorch_sim_torch_and_numpy(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "kernels.py"),
-            "--quick",
-            "--only",
-            "short",
-            "--as-avx2",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = _run("kernels.py", ["--quick", "--only", "short", "--as-avx2"], tmp_path)
     assert proc.returncode == 0, f"kernels.py --as-avx2 exited {proc.returncode}:\n{proc.stderr}"
     libraries, cpu = proc.stdout.splitlines()[:2]
     assert "torch CPU capability AVX512" not in libraries, libraries
