@@ -73,15 +73,19 @@ def check_training(
     micro: int = 2,
     atol: float = 1e-5,
     capture: str = "auto",
+    configure: Callable[[Any], None] | None = None,
 ) -> Any:
     """One training step over ``ga`` micro-batches equals eager's: outputs, losses, gradients,
-    weights and buffers after the step. Returns the compiled program's runner."""
+    weights and buffers after the step; ``configure`` sets more options. Returns the compiled
+    program's runner."""
     reference = copy.deepcopy(model)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     opts = poptorch.Options().setExecutionStrategy(strategy)
     opts.Training.gradientAccumulation(ga)
     opts.outputMode(poptorch.OutputMode.All)
     opts.Jit.captureMethod(capture)
+    if configure is not None:
+        configure(opts)
     training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=LR))
     loss, out = outputs(training(**batch))
     runner = training._executable.program

@@ -185,9 +185,7 @@ class StageExecutor:
                     torch.cuda.set_rng_state(saved.rng[1], devices[0])
             with torch.enable_grad():
                 result = _call(self.spec.module, saved.args)
-        with torch.no_grad():
-            for b, value in zip(buffers, kept):
-                b.copy_(value)
+        _restore_buffers(buffers, kept)
         return self._name_outputs(result)
 
     def _name_outputs(self, result: object) -> dict[str, torch.Tensor]:
@@ -256,6 +254,17 @@ def _has_random_ops(module: nn.Module) -> bool:
     return False
 
 
+def _restore_buffers(buffers: list[torch.Tensor], kept: list[torch.Tensor]) -> None:
+    """Give the buffers that a recomputed forward changed their values back, unseen by autograd.
+
+    See [Note: restoring buffers after recomputation].
+    """
+    with torch.no_grad():
+        for b, value in zip(buffers, kept):
+            if not torch.equal(b, value):
+                b.data.copy_(value)  # ``.data``: a view with a version counter of its own
+
+
 def _rng_state(args: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The CPU RNG state, and the CUDA one of the stage's device when it computes on CUDA."""
     device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
@@ -279,3 +288,14 @@ def _rng_state(args: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
 # process-wide lock (they do not overlap each other; stages without random ops are not held,
 # and their recomputation leaves the RNG alone: restoring it on their own thread would undo
 # the draws another stage made meanwhile).
+
+# [Note: restoring buffers after recomputation]
+# The recomputed forward records the graph that backward then differentiates, and that graph
+# saves buffers and views of them: BERT's ``position_ids[:, :seq]`` for the embedding lookup,
+# CLIP's causal-mask slice for attention, a batch norm's running statistics. Backward checks that
+# each saved tensor is still at the version it was saved at. Restoring every buffer with
+# ``b.copy_(value)`` bumped those versions ("modified by an inplace operation ... is at version
+# 2; expected version 1"), so only the buffers whose values the recomputation changed (running
+# statistics, counters) are restored, and through ``b.data``, which writes the same memory without
+# bumping the version. The saved values that change are those the original forward left (the
+# running statistics after one update), which a batch norm's backward in training does not read.
