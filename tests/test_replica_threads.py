@@ -208,3 +208,51 @@ def test_a_call_returns_once_its_replicas_are_done_without_a_poll_interval(
         training(x, y)
     assert time.monotonic() - start < 10.0
     training.destroy()
+
+
+class _Trainer:
+    scale = 0.5
+
+
+class DropsItsTrainerWhenCopied(nn.Module):
+    """As a Lightning module: ``__getstate__`` (so ``copy.deepcopy``) leaves its trainer out,
+    and ``forward`` reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self._trainer: _Trainer | None = _Trainer()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_trainer"] = None
+        return state
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._trainer is None:
+            raise RuntimeError("the module has no trainer")
+        out = self.fc(x) * self._trainer.scale
+        return out, nn.functional.cross_entropy(out, y)
+
+
+def test_replicas_see_the_attributes_of_the_model_and_train_like_eager() -> None:
+    model = DropsItsTrainerWhenCopied()
+    reference = DropsItsTrainerWhenCopied()
+    reference.load_state_dict(model.state_dict())
+    opts = poptorch.Options().replicationFactor(2).deviceIterations(2)
+    opts.Training.gradientAccumulation(2)
+    opts.outputMode(poptorch.OutputMode.All)
+    training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = torch.randn(24, 6), torch.randint(0, 3, (24,))
+    out, _ = training(x, y)
+    threads = training._executable.program.replica_threads
+    assert threads is not None
+    assert all(m._trainer is model._trainer for m in threads.modules)
+    training.destroy()
+    outs = train_reference(
+        reference, torch.optim.SGD(reference.parameters(), lr=0.1), (x, y), 2, 2, 2
+    )
+    torch.testing.assert_close(out, torch.cat([o[0] for d in outs for a in d for o in a]))
+    expected = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p, expected[name], msg=name)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import types
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -126,18 +127,27 @@ def _rebound_value(value: Any, memo: dict[int, Any]) -> Any:
     return value
 
 
-def device_tree(model: nn.Module) -> tuple[nn.Module, dict[int, Any]]:
+def device_tree(
+    model: nn.Module, shared: Iterable[torch.Tensor] = ()
+) -> tuple[nn.Module, dict[int, Any]]:
     """Copy ``model``'s module tree with device copies of its parameters and buffers.
 
     See [Note: what the device copies].
 
     Args:
         model: the (shallow copy of the) user's model.
+        shared: tensors the copy holds as they are, not copied (a replica's parameters, see
+            [Note: replicas on threads] in replica_threads.py).
 
     Returns:
         The device's tree and the map from the id of each host module and tensor to its copy.
+
+    >>> net = nn.Linear(2, 2)
+    >>> tree, memo = device_tree(net, shared=[net.weight])
+    >>> tree.weight is net.weight, tree.bias is net.bias
+    (True, False)
     """
-    memo: dict[int, Any] = {}
+    memo: dict[int, Any] = {id(t): t for t in shared}
     root = _copy_tree(model, memo)
     for module in root.modules():
         state = _own_dict(module)

@@ -155,7 +155,7 @@ class EagerProgram:
                     self.loss.leaf if self.loss else None,
                     self.grouped,
                 )
-            except Exception as exc:  # a module deepcopy cannot copy: the one-thread loop
+            except Exception as exc:  # a model that cannot be copied: the one-thread loop
                 refusal = f"the model cannot be copied per replica ({type(exc).__name__}: {exc})"
         if refusal is not None:
             logger.debug(

@@ -5,8 +5,10 @@
 other on the caller's thread, so R replicas took R times as long as one even with idle cores;
 R processes (``poprun``) each compute their replica at once. Here each replica gets a thread of
 its own with ``cores // R`` intra-op threads (or ``POPTORCH_SIM_THREADS_PER_IPU``: a replica is
-an IPU) and its own shallow copy of the model: the same ``Parameter`` objects, its own module
-objects and, with ``broadcastBuffers(False)``, its own buffers. A device iteration::
+an IPU) and its own shallow copy of the model, made as the device copy is (see [Note: what the
+device copies] in device_tree.py): the same ``Parameter`` objects, its own module objects and,
+with ``broadcastBuffers(False)``, its own buffers; every other attribute is the model's object,
+as PopTorch's replicas run one graph traced from the one model. A device iteration::
 
     replica thread r:  for a in GA: forward(mb[a, r]); grads[a, r] = autograd.grad(loss * scale)
     caller:            for a in GA: for r in R: p.grad += grads[a, r]; collect outputs[a, r]
@@ -39,7 +41,6 @@ when a model cannot be copied) the one-thread loop runs, as before:
 
 from __future__ import annotations
 
-import copy
 import queue
 import threading
 import weakref
@@ -68,6 +69,7 @@ from ..runtime.threads import (
     polled_put,
     start_thread,
 )
+from .device_tree import device_tree
 from .inputs import BoundArgs
 from .replica_groups import GroupedVariable, grouped_variables
 from .replicas import ReplicaBuffers
@@ -84,13 +86,14 @@ def replica_copies(
 ) -> list[nn.Module]:
     """One copy of ``model`` per replica sharing its parameters (and replica r's buffers).
 
-    Raises:
-        Exception: whatever ``copy.deepcopy`` raises for a module that cannot be copied.
+    Each copy is made as the device copy is (``device_tree``): its own module objects holding
+    the model's parameters and its own buffers, every other attribute object (a Lightning
+    trainer, a loss function) the model's own. Nothing is deep-copied, so no ``__getstate__``
+    or ``__deepcopy__`` drops an attribute that ``forward`` reads.
     """
     copies = []
     for r in range(replicas):
-        memo: dict[int, Any] = {id(p): p for p in model.parameters()}
-        replica = copy.deepcopy(model, memo)
+        replica, memo = device_tree(model, shared=model.parameters())
         if buffers is not None:
             for (module, name), buf in zip(buffers.slots, buffers.sets[r]):
                 memo[id(module)]._buffers[name] = buf
