@@ -194,6 +194,23 @@ def test_gpt2_with_tied_head_back_on_ipu0_trains_like_eager(strategy: str) -> No
     assert len(tied) == 1  # wte.weight, used by the embedding and by the LM head
 
 
+def test_gpt2_sharded_by_ipu_returns_to_ipu0_like_eager() -> None:
+    # AutoStage.SameAsIpu: the LM head's block has stage id 0, like the embedding's. A sharded
+    # program runs in program order, so the head is a stage of its own after IPU 3's.
+    batch = text_batch(4)
+    batch["labels"] = batch["input_ids"].clone()
+    runner = check_training(gpt2(), batch, loss_logits_cache, execution_strategy("sharded"), ga=2)
+    assert [s.ipu for s in runner.program.stages] == [0, 1, 2, 3, 0]
+    runner = check_inference(
+        gpt2(),
+        text_batch(6),
+        lambda o: per_sample(o.logits, o.past_key_values),
+        execution_strategy("sharded"),
+        di=3,
+    )
+    assert [s.ipu for s in runner.program.stages] == [0, 1, 2, 3, 0]
+
+
 def test_gpt2_infers_like_eager() -> None:
     runner = check_inference(
         gpt2(),

@@ -153,3 +153,85 @@ def test_set_optimizer_reaches_the_stage_steps() -> None:
     assert training._executable.program.stage_step is not None
     for (name, ours), theirs in zip(model.state_dict().items(), eager.state_dict().values()):
         torch.testing.assert_close(ours, theirs, msg=name)
+
+
+class TiedLM(nn.Module):
+    """A GPT-2-like tiny LM: the token embedding and the LM head share one weight, so the head is
+    placed back on the embedding's IPU: blocks on IPUs 0, 1, 0."""
+
+    def __init__(self, vocab: int = 16, dim: int = 8, seq: int = 6) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(seq, dim)
+        self.mlp = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 2 * dim), nn.GELU())
+        self.proj = nn.Linear(2 * dim, dim)
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor):
+        with poptorch.Block("Embedding", ipu_id=0):
+            positions = torch.arange(ids.shape[1], device=ids.device)
+            h = self.wte(ids) + self.wpe(positions)
+        with poptorch.Block("Layer", ipu_id=1):
+            h = h + self.proj(self.mlp(h))
+        with poptorch.Block("LM head", ipu_id=0):
+            logits = self.lm_head(self.ln_f(h))
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        return logits, loss
+
+
+def _same_as_ipu(name: str):
+    if name == "pipelined":
+        return poptorch.PipelinedExecution(poptorch.AutoStage.SameAsIpu)
+    return poptorch.ShardedExecution(poptorch.AutoStage.SameAsIpu)
+
+
+def test_sharded_training_returns_to_an_earlier_ipu_like_eager() -> None:
+    model = TiedLM()
+    reference = copy.deepcopy(model)
+    di, ga = 2, 2
+    opts = poptorch.Options().deviceIterations(di).setExecutionStrategy(_same_as_ipu("sharded"))
+    opts.Training.gradientAccumulation(ga)
+    opts.outputMode(poptorch.OutputMode.All)
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.5))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    for _ in range(2):
+        ids, labels = (
+            torch.randint(0, 16, (2 * di * ga, 6)),
+            torch.randint(0, 16, (2 * di * ga, 6)),
+        )
+        out, loss = training(ids, labels)
+        outs = train_reference(reference, ref_opt, (ids, labels), di, ga, 1)
+        all_ = poptorch.OutputMode.All
+        torch.testing.assert_close(out, expected_output(outs, all_, 1, lambda o: o[0]))
+        torch.testing.assert_close(loss, expected_output(outs, all_, 1, lambda o: o[1]))
+        for name, param in reference.named_parameters():
+            torch.testing.assert_close(model.get_parameter(name), param, msg=name)
+    stages = training._executable.program.program.stages
+    assert [s.ipu for s in stages] == [0, 1, 0]
+    assert model.lm_head.weight is model.wte.weight
+    training.destroy()
+
+
+def test_sharded_inference_returns_to_an_earlier_ipu_like_eager() -> None:
+    model = TiedLM().eval()
+    opts = poptorch.Options().deviceIterations(3).setExecutionStrategy(_same_as_ipu("sharded"))
+    inference = poptorch.inferenceModel(model, opts)
+    ids, labels = torch.randint(0, 16, (6, 6)), torch.randint(0, 16, (6, 6))
+    out, loss = inference(ids, labels)
+    with torch.no_grad():
+        ref = [model(ids[i : i + 2], labels[i : i + 2]) for i in range(0, 6, 2)]
+    torch.testing.assert_close(out, torch.cat([r[0] for r in ref]))
+    torch.testing.assert_close(loss, torch.stack([r[1] for r in ref]))
+    assert [s.ipu for s in inference._executable.program.program.stages] == [0, 1, 0]
+    inference.destroy()
+
+
+def test_a_pipeline_must_not_return_to_an_earlier_stage() -> None:
+    opts = poptorch.Options().setExecutionStrategy(_same_as_ipu("pipelined"))
+    opts.Training.gradientAccumulation(4)
+    training = poptorch.trainingModel(TiedLM(), opts)
+    ids = torch.randint(0, 16, (8, 6))
+    with pytest.raises(poptorch.Error, match="which is computed later in the pipeline"):
+        training(ids, ids)

@@ -9,8 +9,18 @@
 Ops are grouped by (stage or phase, IPU); groups run in order of stage (phase), then of their
 first op. Within a phase, the IPUs exchange values both ways, so a phase's ops are cut into a new
 group each time the IPU changes in program order (phased execution runs as ordered shards). A
+sharded program is one such phase: see [Note: a sharded program runs in program order]. A
 value may skip stages but must never flow backwards. Consecutive groups on the same IPU are
 merged, as PopTorch merges them ("every time the IPU changes there is a new stage").
+
+[Note: a sharded program runs in program order]
+PopTorch: "Note that stage_id must have ascending values in PipelinedExecution"; blocks on IPUs
+0, 1, 0 under ``AutoStage.SameAsIpu`` give stage ids 0, 1, 0, and a pipeline cannot run the
+third block in stage 0 when it reads what stage 1 computed. A sharded program has no pipeline:
+"each shard is executed sequentially on a single IPU ... only one IPU is used at a time", and
+"PopART will merge consecutive stages into one on the same IPU". So a sharded program's ops are
+grouped in program order, a new group each time the IPU changes, whatever the stage ids: IPUs 0,
+1, 0 are three stages (a tied LM head back on IPU 0, as optimum-graphcore places GPT-2's).
 Each op's ``node.meta`` gets ``block`` (id, None before the first block), ``stage`` and ``ipu``.
 """
 
@@ -89,8 +99,12 @@ def _placement(node: fx.Node, trace: Trace, placements: list[Placement]) -> Plac
     return _BEFORE_FIRST_BLOCK if entry is None else placements[entry]
 
 
-def _order(placement: Placement, phased: bool) -> int:
-    return placement.phase if phased else placement.stage
+def _order(placement: Placement, mode: str) -> int:
+    if mode == "phased":
+        return placement.phase
+    if mode == "sharded":  # See [Note: a sharded program runs in program order]
+        return 0
+    return placement.stage
 
 
 def _returns_tuple(node: fx.Node, trace: Trace) -> bool:
@@ -128,7 +142,7 @@ def _tuple_source(node: fx.Node, trace: Trace) -> fx.Node | None:
 _Key = tuple[int, int, int]  # (stage or phase, IPU, run of that IPU within a phase)
 
 
-def _keys(trace: Trace, placements: list[Placement], phased: bool) -> dict[fx.Node, _Key]:
+def _keys(trace: Trace, placements: list[Placement], mode: str) -> dict[fx.Node, _Key]:
     """The group key of every op, in graph order."""
     key_of: dict[fx.Node, _Key] = {}
     last_ipu: dict[int, int] = {}  # phase -> IPU of its latest op
@@ -141,8 +155,8 @@ def _keys(trace: Trace, placements: list[Placement], phased: bool) -> dict[fx.No
             key_of[node] = key_of[source]
             continue
         placement = _placement(node, trace, placements)
-        order = _order(placement, phased)
-        if phased and last_ipu.get(order, placement.ipu) != placement.ipu:
+        order = _order(placement, mode)
+        if mode != "pipelined" and last_ipu.get(order, placement.ipu) != placement.ipu:
             runs[order] = runs.get(order, 0) + 1
         last_ipu[order] = placement.ipu
         key_of[node] = (order, placement.ipu, runs.get(order, 0))
@@ -150,12 +164,12 @@ def _keys(trace: Trace, placements: list[Placement], phased: bool) -> dict[fx.No
 
 
 def _group(
-    trace: Trace, placements: list[Placement], phased: bool
+    trace: Trace, placements: list[Placement], mode: str
 ) -> tuple[list[StagePlan], dict[fx.Node, int]]:
     """Ops grouped by key, groups in pipeline order; the index of each op's group."""
     groups: dict[_Key, StagePlan] = {}
     first: dict[_Key, int] = {}
-    key_of = _keys(trace, placements, phased)
+    key_of = _keys(trace, placements, mode)
     for position, (node, key) in enumerate(key_of.items()):
         if key not in groups:
             groups[key] = StagePlan(ipu=key[1])
@@ -234,14 +248,13 @@ def partition(trace: Trace, strategy: _IExecutionStrategy) -> Partition:
 
     Raises:
         poptorch.Error: an op outside any block after a ``with Block`` ended, or a value that
-            would flow from a later stage back to an earlier one.
+            would flow from a later pipeline stage back to an earlier one.
         AssertionError: a block the strategy does not know, or ``AutoStage.SameAsIpu`` with a
             block that has no ``ipu_id`` (PopTorch's types and wording).
     """
     placer = strategy.placer()
     placements = [placer.place(e.block_id, e.ipu_id) for e in trace.entries]
-    phased = strategy.mode == "phased"
-    plans, index_of = _group(trace, placements, phased)
+    plans, index_of = _group(trace, placements, strategy.mode)
     _check_direction(plans, index_of, trace)
     stages, new_index = _merge_same_ipu(plans)
     stage_of = {node: new_index[i] for node, i in index_of.items()}
