@@ -294,3 +294,21 @@ def test_synthetic_data_outputs_come_back_and_integer_inputs_are_zeros() -> None
     out = model(torch.tensor([3, 4]))
     torch.testing.assert_close(out, model.weight[torch.tensor([0, 0])].detach())
     model.destroy()
+
+
+def test_anchored_tensors_keep_one_value_per_optimizer_step() -> None:
+    # On an IPU an anchor under OutputMode.All has a row per device iteration, accumulation step
+    # and replica (DI·GA·R, as an output); the anchored values the simulator makes (gradients,
+    # updated weights) exist once per optimizer step, so it returns DI of them.
+    opts = poptorch.Options().deviceIterations(3)
+    opts.Training.gradientAccumulation(2)
+    opts.anchorTensor("grad", "Gradient___bias", poptorch.OutputMode.All)
+
+    class WithLoss(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return poptorch.identity_loss(super().forward(x).square().sum(), "sum")
+
+    training = poptorch.trainingModel(WithLoss(4, 10), opts)
+    training(torch.randn(6, 4))
+    assert training.getAnchoredTensor("grad").shape == (3 * 10,)
+    training.destroy()

@@ -15,6 +15,7 @@ from ..options import Options
 from ..runtime import worker_memory
 from ..runtime.dtypes import device_dtype
 from ..runtime.io_tiles import IoTiles
+from .anchors import AnchorCollector, anchors_of
 from .eager import EagerProgram
 from .host_buffers import OutputBuffers
 from .inputs import BoundArgs
@@ -50,6 +51,8 @@ class Executable:
         memory: the memory estimate made at compile time (``poptorch_sim.memory_report``).
         host_outputs: the joined outputs' memory, reused across calls (See [Note: output
             buffers are reused]).
+        anchored: the latest call's anchored tensors by short name (See [Note: anchored
+            tensors follow their output mode] in anchors.py).
     """
 
     inputs: BoundArgs
@@ -60,6 +63,7 @@ class Executable:
     io: IoTiles | None = None
     memory: Any = None
     host_outputs: OutputBuffers = field(default_factory=OutputBuffers)
+    anchored: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def run(self, bound: BoundArgs, options: Options) -> tuple[Any, PerfRecord]:
         """One call: every micro-batch of ``bound`` through the program (and optimizer steps).
@@ -81,6 +85,11 @@ class Executable:
             self.host_outputs,
         )
         trainer = self.trainer
+        step = trainer.step if trainer else None
+        anchors = None
+        if trainer is not None and step is not None and options.anchored_tensors:
+            anchors = AnchorCollector(anchors_of(options), self.layout.device_iterations)
+            step = anchors.stepping(step, trainer.anchors)
         start = time.perf_counter()
         if self.io is not None:
             if any(t.requires_grad for t in bound.tensors()):
@@ -97,10 +106,12 @@ class Executable:
                 self.layout,
                 collector,
                 trainer.loss_scaling if trainer else 1.0,
-                trainer.step if trainer else None,
+                step,
             )
         if trainer is not None:
             trainer.finish_run()
+        if anchors is not None:
+            self.anchored.update(anchors.result())
         perf = PerfRecord(
             start=start,
             collected=tuple(collector.times),

@@ -108,13 +108,11 @@ def tensor_names(exe: Executable | None, training: bool) -> list[str]:
 
 def anchored_tensor(exe: Executable | None, options: Options, short_name: str) -> torch.Tensor:
     """``getAnchoredTensor``: the latest value anchored as ``short_name`` by ``anchorTensor``."""
-    anchored = options.anchored_tensors
-    if short_name not in anchored or exe is None or exe.trainer is None:
+    if short_name not in options.anchored_tensors or exe is None:
         raise AssertionError(f"No tensor with name {short_name} found.")
-    long_name = anchored[short_name][0]
-    if long_name not in exe.trainer.anchors:
+    if short_name not in exe.anchored:
         raise AssertionError(f"No tensor with name {short_name} found.")
-    return exe.trainer.anchors[long_name]
+    return exe.anchored[short_name]
 
 
 def rng_state() -> list[int]:

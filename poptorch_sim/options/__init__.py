@@ -204,7 +204,18 @@ class Options(OptionsDict):
     ) -> None:
         """Return tensor ``long_name`` (``Gradient___<param>``, ``UpdatedVar___<param>``).
 
-        Read it after each call with ``model.getAnchoredTensor(short_name)``.
+        Read it after each call with ``model.getAnchoredTensor(short_name)``: the values of the
+        call's device iterations joined per ``output_mode`` (default: the model's output mode)
+        as outputs are, e.g. under ``OutputMode.All`` a bias of 10 with 3 device iterations
+        gives shape ``(30,)``. Simulated: one value per optimizer step; an IPU's All/EveryN
+        buffer also has a row per accumulation step and replica. See [Note: anchored tensors
+        follow their output mode] in ``executor/anchors.py``.
+
+        Args:
+            short_name: the name to read it by.
+            long_name: PopART's name of the tensor.
+            output_mode: which device iterations' values are returned (None: the model's).
+            output_return_period: the period of ``OutputMode.EveryN``.
         """
         if not isinstance(short_name, str) or not isinstance(long_name, str):
             raise AssertionError("anchorTensor expects the short and long names as strings")

@@ -1,0 +1,95 @@
+"""Anchored tensors (``Options.anchorTensor``) follow their output mode over device iterations, as
+model outputs do, against the values of the eager PyTorch loop."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import poptorch_sim as poptorch
+
+DI = 4
+OutputMode = poptorch.OutputMode
+
+
+class Model(nn.Module):
+    """PopTorch's ``debug_tensors_test.Model``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(10, 10)
+        self.fc2 = nn.Linear(10, 10)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(self.fc2(torch.relu(self.fc1(x))), labels)
+
+
+def _eager(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, ga: int) -> tuple[list, list]:
+    """Per device iteration: fc2.bias's gradient, and fc2.weight after the step."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    grads, weights = [], []
+    xs, ys = x.chunk(DI * ga), labels.chunk(DI * ga)
+    for d in range(DI):
+        optimizer.zero_grad()
+        for a in range(ga):
+            (model(xs[d * ga + a], ys[d * ga + a]) / ga).backward()
+        grads.append(model.fc2.bias.grad.clone())
+        optimizer.step()
+        weights.append(model.fc2.weight.detach().clone())
+    return grads, weights
+
+
+def _joined(values: list[torch.Tensor], mode: OutputMode, period: int) -> torch.Tensor:
+    if mode == OutputMode.All:
+        return torch.cat(values)
+    if mode == OutputMode.EveryN:
+        return torch.cat(values[period - 1 :: period])
+    if mode == OutputMode.Final:
+        return values[-1]
+    return torch.stack(values).sum(0)
+
+
+@pytest.mark.parametrize(
+    ("mode", "period", "ga"),
+    [
+        (OutputMode.All, 1, 1),
+        (OutputMode.EveryN, 2, 1),
+        (OutputMode.Final, 1, 1),
+        (OutputMode.Sum, 1, 1),
+        (OutputMode.All, 1, 2),
+        (None, 1, 1),  # the model's output mode (here All)
+    ],
+    ids=["All", "EveryN2", "Final", "Sum", "All-GA2", "model's"],
+)
+def test_anchored_tensors_follow_their_output_mode(
+    mode: OutputMode | None, period: int, ga: int
+) -> None:
+    model = Model()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options().deviceIterations(DI).outputMode(OutputMode.All)
+    opts.Training.gradientAccumulation(ga)
+    opts.anchorTensor("grad_bias", "Gradient___fc2.bias", mode, period)
+    opts.anchorTensor("update_weight", "UpdatedVar___fc2.weight", mode, period)
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, labels = torch.randn(DI * ga * 5, 10), torch.randn(DI * ga * 5, 10)
+    training(x, labels)
+    grads, weights = _eager(reference, x, labels, ga)
+    mode = OutputMode.All if mode is None else mode
+    grad = training.getAnchoredTensor("grad_bias")
+    weight = training.getAnchoredTensor("update_weight")
+    torch.testing.assert_close(grad, _joined(grads, mode, period))
+    torch.testing.assert_close(weight, _joined(weights, mode, period))
+    if mode == OutputMode.All:
+        assert grad.shape == (DI * 10,)  # as an output: dim 0 times the device iterations
+    training.destroy()
+
+
+def test_an_anchor_period_must_divide_the_device_iterations() -> None:
+    opts = poptorch.Options().deviceIterations(DI)
+    opts.anchorTensor("grad_bias", "Gradient___fc2.bias", OutputMode.EveryN, 3)
+    training = poptorch.trainingModel(Model(), opts)
+    with pytest.raises(poptorch.Error, match="anchor 'grad_bias' has output_return_period=3"):
+        training(torch.randn(DI, 10), torch.randn(DI, 10))
