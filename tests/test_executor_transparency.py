@@ -10,7 +10,6 @@ from oracle import expected_output, train_reference
 from torch import nn
 
 import poptorch_sim as poptorch
-from poptorch_sim import logger as poptorch_logger
 
 OPTIMIZERS = {
     "SGD": lambda p: poptorch.optim.SGD(p, lr=0.05, momentum=0.9),
@@ -191,8 +190,7 @@ def test_frozen_model_trains_nothing_but_runs_like_eager(capfd, bn_train: bool) 
         torch.testing.assert_close(ours, theirs, msg=name)
 
 
-def test_inputs_that_require_grad_are_detached_with_poptorchs_warning(capfd, monkeypatch) -> None:
-    monkeypatch.setattr(poptorch_logger, "_said", set())  # the warning is given once a process
+def test_inputs_that_require_grad_are_detached_with_poptorchs_warning(capfd) -> None:
 
     class WithLoss(nn.Module):
         def __init__(self) -> None:
@@ -212,3 +210,18 @@ def test_inputs_that_require_grad_are_detached_with_poptorchs_warning(capfd, mon
     )
     assert x.grad is None  # eager PyTorch would have filled it; PopTorch does not
     assert not out.requires_grad
+
+
+def test_the_detached_input_warning_is_given_at_every_compile(capfd) -> None:
+    # PopTorch warns while it traces (``_preprocessGraph``): at each compile, once per input
+    # tensor that requires grad, and not when the compiled model is called again.
+    warning = "Input tensor has requires_grad=True set"
+    x = torch.randn(4, 2, requires_grad=True)
+    for _ in range(2):
+        inference = poptorch.inferenceModel(nn.Linear(2, 2))
+        capfd.readouterr()
+        inference(x)
+        assert capfd.readouterr().err.count(warning) == 1
+        inference(x)
+        assert warning not in capfd.readouterr().err
+        inference.destroy()

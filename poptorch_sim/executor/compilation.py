@@ -37,7 +37,7 @@ from ..profiling.trace import TraceRecorder
 from ..runtime.intra_op import resolve_threads_per_ipu
 from ..runtime.io_tiles import IoTiles
 from .eager import EagerProgram
-from .executable import Executable, Program, to_device_dtype
+from .executable import Executable, Program, to_traced_input
 from .inputs import BoundArgs
 from .layout import Layout, batch_layout, check_batch
 from .progress import CompilationBar
@@ -114,7 +114,7 @@ def build_executable(
         and not ipuHardwareIsAvailable()
     ):
         raise Error("Cycle count logging is only supported on actual IPU hardware.")
-    first = layout.micro_batch(bound.map_tensors(to_device_dtype), 0, 0, 0)
+    first = layout.micro_batch(bound.map_tensors(to_traced_input), 0, 0, 0)
     program = _build_program(device, first, layout, options, training, grouped)
     _acquire(
         program.program.meta["num_ipus"] if isinstance(program, StagedRunner) else layout.replicas

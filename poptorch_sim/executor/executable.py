@@ -10,7 +10,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..enums import OutputMode
-from ..logger import warning_once
+from ..logger import logger
 from ..options import Options
 from ..runtime import worker_memory
 from ..runtime.dtypes import device_dtype
@@ -26,7 +26,7 @@ from .staged import StagedRunner
 from .training import DeviceTrainer
 from .weights import DeviceCopy
 
-__all__ = ["DETACHED_INPUT", "Executable", "Program", "to_device_dtype"]
+__all__ = ["DETACHED_INPUT", "Executable", "Program", "to_device_dtype", "to_traced_input"]
 
 Program = EagerProgram | StagedRunner
 
@@ -92,8 +92,6 @@ class Executable:
             step = anchors.stepping(step, trainer.anchors)
         start = time.perf_counter()
         if self.io is not None:
-            if any(t.requires_grad for t in bound.tensors()):
-                warning_once(DETACHED_INPUT)
             lay = self.layout
             micro = [
                 mb for d in range(lay.device_iterations) for mb in lay.step_micro_batches(bound, d)
@@ -138,8 +136,15 @@ class Executable:
 
 
 def to_device_dtype(t: torch.Tensor) -> torch.Tensor:
-    """An input as the device reads it: detached (with PopTorch's warning), IPU dtype."""
+    """An input as the device reads it: detached, IPU dtype."""
     if t.requires_grad:
-        warning_once(DETACHED_INPUT)
         t = t.detach()
     return t.to(device_dtype(t.dtype))
+
+
+def to_traced_input(t: torch.Tensor) -> torch.Tensor:
+    """An input as compilation traces it: ``to_device_dtype``, with PopTorch's warning for each
+    input that requires grad, at every compile (PopTorch's ``_preprocessGraph``)."""
+    if t.requires_grad:
+        logger.warning(DETACHED_INPUT)
+    return to_device_dtype(t)
