@@ -60,6 +60,10 @@ def test_name_scopes_and_attributes_nest_like_poptorchs_context_managers() -> No
     OPS.pop_name_scope()
     OPS.pop_name_scope()
     assert current_name_scope() == ""
+    OPS.push_name_scope("")  # a scope with an empty name is still a scope of the stack
+    OPS.pop_name_scope()
+    with pytest.raises(poptorch.Error, match="no name scope is open"):
+        OPS.pop_name_scope()
     OPS.set_attribute("__outline", "layer", "embedding")
     assert current_attributes() == {"__outline": {"layer": "embedding"}}
     OPS.clear_attribute("__outline", "layer")

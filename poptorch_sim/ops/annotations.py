@@ -28,6 +28,7 @@ __all__ = [
     "overlap_marks",
     "NameScope",
     "current_name_scope",
+    "name_scope_depth",
     "Attribute",
     "current_attributes",
 ]
@@ -285,6 +286,11 @@ _scopes = threading.local()
 def current_name_scope() -> str:
     """The active ``NameScope`` names of this thread joined with ``/`` (``""`` when none)."""
     return "/".join(getattr(_scopes, "stack", []))
+
+
+def name_scope_depth() -> int:
+    """How many ``NameScope`` s this thread has open (an empty name is a scope too)."""
+    return len(getattr(_scopes, "stack", []))
 
 
 class NameScope:

@@ -34,7 +34,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from ..errors import createPoptorchError
 from . import blocks, loss, misc, printing, slicing
-from .annotations import Attribute, NameScope, current_name_scope
+from .annotations import Attribute, NameScope, name_scope_depth
 from .custom import _lookup
 
 __all__ = ["CAPTURE_ONLY", "LIBRARY", "SCHEMAS", "FLOAT_FORMATS", "REDUCTIONS"]
@@ -114,7 +114,7 @@ def _push_name_scope(name: str) -> None:
 
 
 def _pop_name_scope() -> None:
-    if not current_name_scope():
+    if not name_scope_depth():  # the stack, not its names: ``push_name_scope("")`` opens one
         raise createPoptorchError(
             "pop_name_scope: no name scope is open (each pop_name_scope must follow a "
             "push_name_scope)."
