@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import poptorch_sim as poptorch
-from poptorch_sim.executor import allreduce_stats, batch_layout, placement
+from poptorch_sim.executor import allreduce_stats, batch_layout, compiled_batch, placement
 
 EXECUTOR = Path(__file__).resolve().parent.parent / "poptorch_sim" / "executor"
 
@@ -53,6 +53,24 @@ def test_placement_needs_a_compiled_model() -> None:
     model = poptorch.inferenceModel(Net())
     with pytest.raises(poptorch.Error, match="has not been compiled"):
         placement(model)
+
+
+def test_compiled_batch_is_the_batch_a_model_was_compiled_for() -> None:
+    opts = poptorch.Options()
+    opts.deviceIterations(2)
+    model = poptorch.inferenceModel(Net(), opts)
+    with pytest.raises(poptorch.Error, match="has not been compiled"):
+        compiled_batch(model)
+    model(torch.randn(8, 4), torch.randn(8, 2))
+    assert compiled_batch(model) == 8
+    model.destroy()
+
+
+def test_serving_reads_a_model_through_public_read_outs() -> None:
+    """``serving`` asks the executor's read-outs (as ``placement`` users do), not its fields."""
+    serving = EXECUTOR.parent / "serving"
+    readers = [p.name for p in serving.glob("*.py") if "._executable" in p.read_text()]
+    assert readers == []
 
 
 class _Peer:

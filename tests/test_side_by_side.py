@@ -155,6 +155,7 @@ def test_micro_batches_side_by_side_give_eager_outputs_on_one_core_each(
     trace = TraceRecorder()
     with PipelineRuntime(prog, training=False, devices=CPU, trace=trace) as rt:
         monkeypatch.setattr(rt.cores, "mode", lambda: "side by side")
+        monkeypatch.setattr(rt.cores, "probe", lambda count: None)
         got = rt.run(batches)
         again = rt.run(batches)
         assert torch.get_num_threads() == two_threads
@@ -181,6 +182,7 @@ def test_a_failure_in_a_thread_of_several_ipus_returns_at_once_and_leaves_it_usa
     for mode in ("one thread", "side by side"):
         with PipelineRuntime(prog, training=False, devices=CPU) as rt:
             monkeypatch.setattr(rt.cores, "mode", lambda mode=mode: mode)
+            monkeypatch.setattr(rt.cores, "probe", lambda count: None)
             start = time.monotonic()
             with pytest.raises(
                 Error, match=r"stage 0 \(IPU 0\) failed in forward of micro-batch 3"
@@ -190,34 +192,65 @@ def test_a_failure_in_a_thread_of_several_ipus_returns_at_once_and_leaves_it_usa
             torch.testing.assert_close([o["y"] for o in rt.run(batches)], eager(prog, batches))
 
 
+def observe_calls(
+    share: CoreShare, times: dict[str, float], calls: int, count: int = 10
+) -> list[tuple[str, str | None]]:
+    """Feed ``share`` ``calls`` runs of ``count`` micro-batches timed by mode (a probe's by its
+    mode): what each ran, and its probe."""
+    ran = []
+    for _ in range(calls):
+        mode, probe = share.mode(), share.probe(count)
+        ran.append((mode, probe.mode if probe is not None else None))
+        probe_s = times[probe.mode] if probe is not None else None
+        share.observe({0: 5.0}, {0: 1.0}, times[mode], probe_s)
+    return ran
+
+
 def test_a_serial_programs_trials_compare_one_thread_with_side_by_side() -> None:
+    """Whole calls on one thread, side by side timed on their first micro-batches."""
     share = CoreShare([0, 1], cores=2, serial=True, side_by_side=True)
     assert share.describe() == "one thread on 2 cores"  # nothing measured yet
     times = {"one thread": 0.30, "side by side": 0.20}
-    seen = []
-    for _ in range(1 + 2 * TRIAL_RUNS + 2):
-        mode = share.mode()
-        seen.append(mode)
-        share.observe({0: 5.0}, {0: 1.0}, times[mode])
+    seen = observe_calls(share, times, 1 + TRIAL_RUNS + 2)
     assert seen == [
-        "one thread",
-        *["one thread", "side by side"] * TRIAL_RUNS,
-        *["side by side"] * 2,
+        ("one thread", None),
+        *[("one thread", "side by side")] * TRIAL_RUNS,
+        *[("side by side", None)] * 2,
     ]
     assert (
         share.describe() == "micro-batches side by side on 2 threads (one thread measured slower)"
     )
     assert share.cost == {}  # neither mode's thread is one IPU's
     kept = CoreShare([0, 1], cores=2, serial=True, side_by_side=True)
-    for _ in range(1 + 2 * TRIAL_RUNS):
-        kept.observe({}, {}, {"one thread": 0.20, "side by side": 0.30}[kept.mode()])
+    observe_calls(kept, {"one thread": 0.20, "side by side": 0.30}, 1 + TRIAL_RUNS)
     assert kept.describe() == "one thread on 2 cores (side by side measured slower)"
 
 
 def test_side_by_side_must_beat_the_split_by_the_margin() -> None:
     share = CoreShare([0, 1], cores=2, one_thread=True, side_by_side=True)
     times = {"split": 0.30, "lent": 0.31, "one thread": 0.32, "side by side": 0.29}
-    for _ in range(1 + 4 * TRIAL_RUNS):
-        share.observe({0: 0.1, 1: 0.1}, {0: 1.0, 1: 1.0}, times[share.mode()])
+    seen = observe_calls(share, times, 1 + 2 * TRIAL_RUNS)
+    assert {probe for _, probe in seen} == {None, "one thread", "side by side"}
     assert share.choice == "split"
     assert share.describe().endswith("lending, one thread and side by side measured slower)")
+    faster = CoreShare([0, 1], cores=2, one_thread=True, side_by_side=True)
+    observe_calls(faster, dict(times, **{"side by side": 0.28}), 1 + 2 * TRIAL_RUNS)
+    assert faster.choice == "side by side"
+
+
+def test_a_trial_probing_side_by_side_infers_as_eager_does(
+    monkeypatch: pytest.MonkeyPatch, two_threads: int
+) -> None:
+    """Calls whose first micro-batches ran side by side (or on one thread) and the rest
+    pipelined give eager's outputs, each micro-batch's in its place."""
+    monkeypatch.delenv("POPTORCH_SIM_THREADS_PER_IPU", raising=False)
+    prog = program()
+    ran = []
+    with PipelineRuntime(prog, training=False, devices=CPU) as rt:
+        for _ in range(1 + 2 * TRIAL_RUNS):
+            batches = [{"x": torch.randn(4, WIDTH)} for _ in range(8)]
+            probe = rt.cores.probe(len(batches))
+            ran.append(probe.mode if probe is not None else None)
+            got = rt.run(batches)
+            torch.testing.assert_close([o["y"] for o in got], eager(prog, batches))
+    assert ran[:3] == [None, "one thread", "side by side"]  # later ones: as the times say

@@ -1,12 +1,13 @@
 """The executor: what ``trainingModel``/``inferenceModel``/``load`` return, and how it is made.
 
 Public here besides PopTorch's names: ``batch_layout`` (how a model's host batch splits into
-micro-batches) and the read-outs ``placement`` and ``allreduce_stats`` of a compiled model.
+micro-batches) and the read-outs ``placement``, ``allreduce_stats`` and ``compiled_batch`` of a
+compiled model.
 """
 
 from __future__ import annotations
 
-from .executor import PoplarExecutor, allreduce_stats, placement
+from .executor import PoplarExecutor, allreduce_stats, compiled_batch, placement
 from .hooks import registerPostCompileHook, registerPreCompileHook
 from .inspection import AllReduceStats, Placement
 from .layout import Layout, batch_layout
@@ -19,6 +20,7 @@ __all__ = [
     "PoplarExecutor",
     "allreduce_stats",
     "batch_layout",
+    "compiled_batch",
     "inferenceModel",
     "load",
     "placement",

@@ -426,3 +426,17 @@ def allreduce_stats(model: PoplarExecutor) -> AllReduceStats | None:
     >>> before = allreduce_stats(training).seconds  # doctest: +SKIP
     """
     return inspection.allreduce_stats_of(model._require_executable())
+
+
+def compiled_batch(model: PoplarExecutor) -> int | None:
+    """The batch dimension (a whole call's rows) of the first input a compiled model was
+    compiled with; None where that input has no batch dimension.
+
+    Raises:
+        Error: the model is not compiled.
+        AssertionError: the compiled inputs do not divide into the call's micro-batches.
+
+    >>> compiled_batch(inference)  # doctest: +SKIP
+    8
+    """
+    return inspection.compiled_batch_of(model._require_executable())

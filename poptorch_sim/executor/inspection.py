@@ -1,9 +1,10 @@
 """What an executor tells about itself: tensor names, anchors, timings, RNG and placement.
 
 Each read-out is a function of what it reads (the executable, the options, the last run's
-performance record); ``PoplarExecutor`` keeps PopTorch's method names and calls these. Two are
-poptorch_sim's own, for benchmarks and tools: ``Placement`` (where a compiled model's stages run)
-and ``AllReduceStats`` (the gradient all-reduce across processes).
+performance record); ``PoplarExecutor`` keeps PopTorch's method names and calls these. Three are
+poptorch_sim's own, for benchmarks and tools: ``Placement`` (where a compiled model's stages run),
+``AllReduceStats`` (the gradient all-reduce across processes) and the batch a model was compiled
+for (``compiled_batch_of``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from ..errors import Error
 from ..options import Options
 from .executable import Executable
+from .layout import check_batch
 from .perf import PerfRecord, counters, latency
 from .staged import StagedRunner
 
@@ -24,6 +26,7 @@ __all__ = [
     "allreduce_stats_of",
     "anchored_tensor",
     "check_cycle_count",
+    "compiled_batch_of",
     "latencies",
     "placement_of",
     "set_rng_state",
@@ -92,6 +95,18 @@ def allreduce_stats_of(exe: Executable) -> AllReduceStats | None:
         seconds=reducer.seconds,
         bytes_per_step=reducer.bytes_per_step,
     )
+
+
+def compiled_batch_of(exe: Executable) -> int | None:
+    """The batch dimension of the first input a model was compiled with (None: it has none).
+
+    Raises:
+        AssertionError: the compiled inputs do not divide into the call's micro-batches
+            (PopTorch's wording).
+    """
+    check_batch(exe.inputs, exe.layout)
+    tensors = exe.inputs.tensors()
+    return int(tensors[0].shape[0]) if tensors and tensors[0].dim() else None
 
 
 def tensor_names(exe: Executable | None, training: bool) -> list[str]:

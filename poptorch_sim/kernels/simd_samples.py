@@ -44,24 +44,32 @@ def _nms_sample() -> Callable[[], object]:
 
 
 def _accumulate_sample() -> Callable[[], object]:
-    from .optim import accumulate_
-
     g = torch.Generator().manual_seed(0)
     accum = torch.randn(1 << 16, generator=g, dtype=torch.float32, device="cpu")
     grad = torch.randn(1 << 16, generator=g, dtype=torch.float32, device="cpu")
-    return lambda: accumulate_(accum, grad, 0.5)
+    return lambda: torch.ops.poptorch_sim.accumulate_(accum, grad, 0.5)
 
 
 def _optimizer_sample() -> Callable[[], object]:
-    from .optim import adam_step_
-
     g = torch.Generator().manual_seed(0)
     params, grads, m, v = (
         [torch.randn(1 << 14, generator=g, dtype=torch.float32, device="cpu")] for _ in range(4)
     )
     v[0].abs_()
-    hyper = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
-    return lambda: adam_step_(params, grads, m, v, [1.0], decoupled_weight_decay=True, **hyper)
+    hyper = dict(
+        lr=1e-3,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        weight_decay=0.0,
+        decoupled_weight_decay=True,
+        bias_correction=True,
+        maximize=False,
+        loss_scaling=1.0,
+        clip_coef=1.0,
+        chunk_elements=0,
+    )  # the schema's order (csrc/optim/ops.h), as kernels.optim.adam_step_ passes them
+    return lambda: torch.ops.poptorch_sim.adam_step_(params, grads, m, v, [1.0], **hyper)
 
 
 SAMPLES: dict[str, Sample] = {

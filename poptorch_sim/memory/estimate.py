@@ -45,7 +45,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..runtime.actions import ActionKind, Schedule
+from ..runtime.actions import ActionKind
+from ..runtime.clock import Schedule
 from .activations import StageActivations
 from .report import IpuMemory
 from .saved import storage_key, tensor_bytes

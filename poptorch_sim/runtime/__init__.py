@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .actions import Action, ActionKind, Schedule
-from .clock import format_grid, simulate, validate
+from .actions import Action, ActionKind
+from .clock import Schedule, format_grid, simulate, validate
 from .pipeline import PipelineRuntime
 from .pool import default_devices
 from .schedules import SCHEDULES, fill_drain, forward_only, make_schedule, one_f_one_b, sharded

@@ -1,11 +1,41 @@
-"""The pipeline clock: simulate a schedule tick by tick, validate it, print it as a grid."""
+"""A schedule (``Schedule``: per-IPU action lists) and its clock: simulate it tick by tick,
+validate it, print it as a grid."""
 
 from __future__ import annotations
 
-from ..errors import Error
-from .actions import COMPUTE, Action, ActionKind, Schedule
+from dataclasses import dataclass
 
-__all__ = ["simulate", "validate", "format_grid"]
+from ..errors import Error
+from .actions import COMPUTE, Action, ActionKind
+
+__all__ = ["Schedule", "simulate", "validate", "format_grid"]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-IPU action lists for ``num_stages`` stages and ``num_microbatches`` micro-batches.
+
+    Attributes:
+        name: the generator's name (a key of ``SCHEDULES``).
+        num_stages: ``N``.
+        num_microbatches: ``M``.
+        training: whether backward passes and optimizer steps are scheduled.
+        stage_ipus: the IPU of each stage.
+        ipu_actions: for each IPU, its actions in execution order.
+        serial: micro-batch ``m`` enters stage 0 only after the last stage has finished the
+            forward of micro-batch ``m-1`` (sharded execution: one micro-batch in flight).
+    """
+
+    name: str
+    num_stages: int
+    num_microbatches: int
+    training: bool
+    stage_ipus: tuple[int, ...]
+    ipu_actions: tuple[tuple[Action, ...], ...]
+    serial: bool = False
+
+    def __str__(self) -> str:
+        return format_grid(self)
 
 
 def _expected(schedule: Schedule) -> set[Action]:

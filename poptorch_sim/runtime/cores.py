@@ -46,18 +46,17 @@ every stage on every core, one micro-batch at a time (the sharded schedule's ord
 as eager PyTorch does (as a sharded program always runs on the CPU: See [Note: one thread for a sharded
 program]; Llama training, dev-zen4, quiet, the trial's runs: 5,268-5,367 ms on the split,
 4,369-4,533 ms lent, 3,796-4,071 ms on one thread, ``benchmarks/RESULTS.md``). So the runtime tries the
-modes of ``MODES`` in turn: after the first run (lent, not judged: one-off costs), ``TRIAL_RUNS``
-runs each of the split by measured work (``apportion``: ``round(cores * share)`` threads each,
-at least 1; the equal split before anything is measured), lending, one thread (where the
-runtime can: more than one IPU, all on the CPU) and, for inference, micro-batches side by side
-(See [Note: micro-batches side by side]); the runs after take the mode whose fastest run per
-micro-batch was fastest if that took at most ``TRIAL_MARGIN`` of the split's fastest, else the
-split (which follows the smoothed work). A sharded program, on one thread, has trials only
-where side by side is offered: one thread against it. The trial repeats ``TRIAL_EVERY`` runs
-after it started, and each trial that chose what the one before chose doubles that gap, up to
-``TRIAL_EVERY_MAX`` runs (a choice that changes sets it back). A trial's slower modes cost
-about 3% of the 40 runs that follow it in GPT-2's and Llama's training (the trials' times on
-the scoreboard in ``benchmarks/RESULTS.md``); a choice that holds is re-checked less often.
+modes of ``MODES``: after the first run (lent, not judged: one-off costs), a trial of
+``TRIAL_RUNS`` runs each of the split by measured work (``apportion``: ``round(cores * share)``
+threads each, at least 1; the equal split before anything is measured) and lending, whose
+first micro-batches probe one thread (where the runtime can: more than one IPU, all on the
+CPU) and, for inference, micro-batches side by side (See [Note: micro-batches side by side]);
+the runs after take the mode whose fastest time per micro-batch was fastest if that took at
+most ``TRIAL_MARGIN`` of the split's fastest, else the split (which follows the smoothed work).
+A sharded program, on one thread, has trials only where side by side is offered: whole runs on
+one thread, each probing side by side. When the trials come, how a probe is timed without a
+whole call in a slower mode, and how a choice made on a busy machine changes once it is quiet:
+See [Note: trials that cost a fraction of a call] (``trials.py``).
 Balanced pipelines mostly keep the split (same machine: BERT training 825 vs 905 ms, ViT
 training 421 vs 476 ms, split vs lent), and lending pays where a stage holds most of the work and
 the split cannot give it a second core (Llama, 66-71% on IPU 0: 3,949 ms on the split, 2,729 ms
@@ -78,17 +77,25 @@ import threading
 import time
 from collections.abc import Mapping
 
-__all__ = ["CoreBudget", "CoreShare", "apportion", "MODES", "POLICIES"]
+from .trials import TRIAL_EVERY, TRIAL_EVERY_MAX, TRIAL_MARGIN, TRIAL_RUNS, Probe, Trials
+
+__all__ = [
+    "CoreBudget",
+    "CoreShare",
+    "apportion",
+    "MODES",
+    "POLICIES",
+    "TRIAL_EVERY",
+    "TRIAL_EVERY_MAX",
+    "TRIAL_MARGIN",
+    "TRIAL_RUNS",
+]
 
 POLICIES = ("fixed", "serial", "lent")
 MODES = ("split", "lent", "one thread", "side by side")  # how one run of a program computes
 SMOOTHING = 0.5  # weight of the newest run in the smoothed cost
 WARMUP_RUNS = 1  # runs not measured
 PATIENCE_S = 1.0  # the longest a worker waits for a lent core before taking one anyway
-TRIAL_EVERY = 40  # runs from the start of one trial of the modes to the next
-TRIAL_EVERY_MAX = 640  # the most it grows to, doubling after each trial that kept the choice
-TRIAL_RUNS = 2  # runs of each mode in a trial
-TRIAL_MARGIN = 0.95  # another mode must take at most this fraction of the split's time to be kept
 
 
 def apportion(costs: Mapping[int, float], cores: int) -> dict[int, int]:
@@ -256,43 +263,41 @@ class CoreShare:
             self.budget = CoreBudget(self.cores, self.cost)
             offered = {"one thread": one_thread, "side by side": side_by_side}
             self.trials = tuple(m for m in MODES if offered.get(m, True))
-        self.choice = "lent" if self.budget is not None else "split"
+        choice = "lent" if self.budget is not None else "split"
         if self.trials and self.budget is None:
-            self.choice = self.trials[0]
+            choice = self.trials[0]
+        self._trials = Trials(self.trials, choice, self.cores)
         self._runs = 0
-        self._trial: dict[str, float] = {}  # mode -> its fastest run: seconds per mb
-        self._period_start = 0  # the run that starts the current trial period
-        self._period = TRIAL_EVERY  # runs from this trial to the next
-        self._last_pick: str | None = None  # what the previous trial chose
+
+    @property
+    def choice(self) -> str:
+        """The mode of the runs outside a trial."""
+        return self._trials.choice
 
     def mode(self) -> str:
-        """How the next run computes: ``split`` (each worker on its ``threads``), ``lent``
-        (compute actions borrow from ``budget``), ``one thread`` (one worker runs every stage
-        on every core) or ``side by side`` (one worker per core, each on whole micro-batches)."""
-        phase, count = self._runs - self._period_start, len(self.trials)
-        if count and self._runs and 1 <= phase <= count * TRIAL_RUNS:
-            return self.trials[(phase - 1) % count]  # a trial: the modes in turn
-        return self.choice
+        """How the next run computes (after its probe, if any): ``split`` (each worker on its
+        ``threads``), ``lent`` (compute actions borrow from ``budget``), ``one thread`` (one
+        worker runs every stage on every core) or ``side by side`` (one worker per core, each on
+        whole micro-batches)."""
+        return self._trials.mode()
+
+    def probe(self, count: int) -> Probe | None:
+        """The mode the next run of ``count`` micro-batches computes its first ones in, and how
+        many (a trial's probe; None: none). See [Note: trials that cost a fraction of a call]."""
+        return self._trials.probe(count)
 
     def observe(
         self,
         cost_s: Mapping[int, float],
         mean_threads: Mapping[int, float],
         seconds_per_mb: float | None = None,
+        probe_s_per_mb: float | None = None,
     ) -> None:
         """Record one run: each IPU worker's thread-seconds of compute and its mean threads, and
-        the run's wall time per micro-batch (for the trials)."""
-        mode, phase = self.mode(), self._runs - self._period_start
+        the run's wall time per micro-batch after its probe and the probe's (for the trials)."""
+        mode = self.mode()
+        self._trials.observe(seconds_per_mb, probe_s_per_mb)
         self._runs += 1
-        if self._runs - self._period_start >= self._period:
-            self._period_start = self._runs
-        last = len(self.trials) * TRIAL_RUNS
-        if self._runs > 1 and 1 <= phase <= last and seconds_per_mb is not None:
-            self._trial[mode] = min(self._trial.get(mode, seconds_per_mb), seconds_per_mb)
-            if phase == last and len(self._trial) == len(self.trials):
-                self._pick(self._fastest())
-            if phase == last:
-                self._trial.clear()
         if mode in ("one thread", "side by side"):
             return  # such a thread's work is not one IPU's
         self.mean_threads = dict(mean_threads)
@@ -306,19 +311,6 @@ class CoreShare:
         if self.budget is not None and len(self.cost) == len(self.threads):
             self.threads = apportion(self.cost, self.cores)
 
-    def _pick(self, mode: str) -> None:
-        """Take a trial's choice; the next trial comes twice as late if it kept the last one's."""
-        kept = mode == self._last_pick
-        self._period = min(2 * self._period, TRIAL_EVERY_MAX) if kept else TRIAL_EVERY
-        self._last_pick = self.choice = mode
-
-    def _fastest(self) -> str:
-        """The trial's fastest mode, if within ``TRIAL_MARGIN`` of the first mode's time (the
-        split's, or one thread's for a serial program), else the first."""
-        first = self.trials[0]
-        best = min(self.trials[1:], key=self._trial.__getitem__)
-        return best if self._trial[best] <= TRIAL_MARGIN * self._trial[first] else first
-
     def describe(self) -> str:
         """One line for logs: the policy and the split (under ``lent``, what the last run used)."""
         split = ", ".join(f"IPU {ipu}: {n}" for ipu, n in sorted(self.threads.items()))
@@ -328,7 +320,7 @@ class CoreShare:
             return f"micro-batches side by side on {self.cores} threads ({slower} measured slower)"
         if self.policy != "lent":
             if self.policy == "serial" and (self.one_thread or self.trials):  # on one thread
-                measured = f" ({slower} measured slower)" if self._last_pick else ""
+                measured = f" ({slower} measured slower)" if self._trials.picked else ""
                 return f"one thread on {self.cores} cores{measured}"
             return f"{self.policy} split of {self.cores} cores ({split})"
         if self.choice != "lent":

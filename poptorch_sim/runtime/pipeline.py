@@ -43,6 +43,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -261,13 +262,16 @@ class PipelineRuntime:
             )
         return self._schedules[num_microbatches]
 
-    def _worker_actions(self, schedule: Schedule, kind: str) -> dict[int, tuple[Action, ...]]:
-        """Each worker's actions for a run of ``schedule``: its IPU's, or with one thread for
-        all every stage's, in the order of the sharded schedule placed on that one IPU (See
-        [Note: one thread for a sharded program]), or side by side those of every
-        ``copies``-th micro-batch (See [Note: micro-batches side by side])."""
+    def _worker_actions(
+        self, schedule: Schedule, kind: str, first: int = 0
+    ) -> dict[int, tuple[Action, ...]]:
+        """Each worker's actions for a run of ``schedule`` on the micro-batches from ``first``:
+        its IPU's, or with one thread for all every stage's, in the order of the sharded
+        schedule placed on that one IPU (See [Note: one thread for a sharded program]), or side
+        by side those of every ``copies``-th micro-batch (See [Note: micro-batches side by
+        side])."""
         if kind == "split":
-            return {ipu: schedule.ipu_actions[ipu] for ipu in self._workers}
+            return {ipu: shifted(schedule.ipu_actions[ipu], first) for ipu in self._workers}
         home, m = min(self.devices), schedule.num_microbatches
         if m not in self._one_thread_schedules:
             self._one_thread_schedules[m] = make_schedule(
@@ -277,7 +281,7 @@ class PipelineRuntime:
                 training=self.training,
                 stage_ipus=(home,) * len(self.program.stages),
             )
-        actions = self._one_thread_schedules[m].ipu_actions[home]
+        actions = shifted(self._one_thread_schedules[m].ipu_actions[home], first)
         if kind == "one thread":
             (only,) = self._workers
             return {only: actions}
@@ -326,11 +330,42 @@ class PipelineRuntime:
                 f"into has {len(into)} entries for {len(micro_batches)} micro-batches; give one "
                 "dict of destinations per micro-batch"
             )
-        schedule = self.schedule(len(micro_batches))
+        resplit, self._given = self._given != self.cores.threads, dict(self.cores.threads)
+        count, lent = len(micro_batches), self.cores.budget is not None
+        results: list[dict[str, torch.Tensor]] = []
+        first, probe_s = 0, None
+        probe = self.cores.probe(count)  # See [Note: trials that cost a fraction of a call]
+        if probe is not None:
+            first = probe.count
+            results, seconds = self._run_part(
+                probe.mode, micro_batches, 0, first, loss_scale, None, into
+            )
+            probe_s = seconds / first
+        mode = self.cores.mode()  # See [Note: cores follow the work]
+        rest, seconds = self._run_part(mode, micro_batches, first, count, loss_scale, step, into)
+        results += rest
+        seconds_per_mb = seconds / (count - first)
+        # a run may have left a worker's count as default (every run with lent cores)
+        self._share_cores(resplit or lent, seconds_per_mb, probe_s, count / (count - first))
+        return [self._assemble(m, results[m], micro_batches[m]) for m in range(len(results))]
+
+    def _run_part(
+        self,
+        mode: str,
+        micro_batches: list[dict[str, torch.Tensor]],
+        first: int,
+        last: int,
+        loss_scale: float,
+        step: Callable[[int], None] | None,
+        into: list[dict[str, torch.Tensor]] | None,
+    ) -> tuple[list[dict[str, torch.Tensor]], float]:
+        """Run micro-batches ``first`` to ``last - 1`` in ``mode`` (one run of the workers):
+        their results, in order, and the seconds they took (after starting the mode's workers,
+        if this is their first run). A call's probe is one such run, the rest of it another
+        (See [Note: trials that cost a fraction of a call])."""
+        schedule = self.schedule(last - first)
         self._run_id += 1
         job_abort = threading.Event()
-        resplit, self._given = self._given != self.cores.threads, dict(self.cores.threads)
-        mode = self.cores.mode()  # See [Note: cores follow the work]
         if mode in ("one thread", "side by side"):
             self._kind = mode
         else:
@@ -341,7 +376,7 @@ class PipelineRuntime:
         start = time.perf_counter()
         if self._kind != "split":
             release_team()  # the caller's: See [Note: one thread for a sharded program]
-        per_worker = self._worker_actions(schedule, self._kind)
+        per_worker = self._worker_actions(schedule, self._kind, first)
         # one thread runs the actions in order: no need to feed a serial run one at a time
         serial = schedule.serial and self._kind == "split"
         whole = {"one thread": self.cores.cores, "side by side": 1}.get(mode)  # every worker's
@@ -363,7 +398,8 @@ class PipelineRuntime:
         self._pending = set(self._workers)
         self._cost_s, self._mean_threads = {}, {}
         try:
-            results = self._drive(serial, micro_batches, job_abort)
+            results = self._drive(serial, micro_batches, first, last, job_abort)
+            return results, time.perf_counter() - start
         except Error:
             raise  # a stage failed; _drive already stopped the run
         except BaseException:  # KeyboardInterrupt included: stop the workers, then re-raise
@@ -373,9 +409,6 @@ class PipelineRuntime:
                 self._broken = "interrupted again while stopping a run"
                 raise
             raise
-        lent = self.cores.budget is not None  # a run may have left a worker's count as default
-        self._share_cores(resplit or lent, (time.perf_counter() - start) / len(micro_batches))
-        return [self._assemble(m, results[m], micro_batches[m]) for m in range(len(results))]
 
     def close(self) -> None:
         """Stop and join the worker threads; safe to call twice."""
@@ -426,14 +459,17 @@ class PipelineRuntime:
         self,
         serial: bool,
         micro_batches: list[dict[str, torch.Tensor]],
+        first: int,
+        count: int,
         job_abort: threading.Event,
     ) -> list[dict[str, torch.Tensor]]:
-        """Feed the inputs (one at a time when serial), collect outputs until all finished."""
-        count, last = len(micro_batches), len(self.program.stages) - 1
-        fed = count if not serial else 1
-        for m in range(fed):
+        """Feed the inputs of micro-batches ``first`` to ``count - 1`` (one at a time when
+        serial), collect their outputs until every worker finished."""
+        last = len(self.program.stages) - 1
+        fed = count if not serial else first + 1
+        for m in range(first, fed):
             self._feed(m, micro_batches[m])
-        results: list[dict[str, torch.Tensor]] = [{} for _ in range(count)]
+        results: list[dict[str, torch.Tensor]] = [{} for _ in range(first, count)]
         pending = self._pending
         while pending:
             try:
@@ -448,28 +484,32 @@ class PipelineRuntime:
                 self._abort(job_abort)
                 raise payload.failure.error() from payload.failure.exc
             if isinstance(payload, Output):
-                results[payload.mb].update(payload.values)
+                results[payload.mb - first].update(payload.values)
                 if payload.stage == last and fed < count:
                     self._feed(fed, micro_batches[fed])
                     fed += 1
             elif isinstance(payload, Finished):
                 for output in payload.outputs:  # deferred by the worker (see worker._report)
-                    results[output.mb].update(output.values)
+                    results[output.mb - first].update(output.values)
                 self._cost_s[payload.ipu] = payload.cost_s
                 self._mean_threads[payload.ipu] = payload.threads
                 pending.discard(payload.ipu)
         return results
 
-    def _share_cores(self, resplit: bool, seconds_per_mb: float) -> None:
-        """After a run: record the workers' measured work and the run's time per micro-batch
-        (See [Note: cores follow the work]).
+    def _share_cores(
+        self, resplit: bool, seconds_per_mb: float, probe_s: float | None, scale: float
+    ) -> None:
+        """After a call: record the workers' measured work (``scale`` times that of the run
+        after the probe: a whole call's) and the times per micro-batch of the run after the
+        probe and of the probe (See [Note: cores follow the work]).
 
         A run whose workers took a new thread count (every run with lent cores) left that count
         as the process-wide default: restore it (See [Note: per-thread intra-op threads]).
         """
         if resplit:
             restore_default_threads(self._main_threads)
-        self.cores.observe(self._cost_s, self._mean_threads, seconds_per_mb)
+        cost = {ipu: spent * scale for ipu, spent in self._cost_s.items()}
+        self.cores.observe(cost, self._mean_threads, seconds_per_mb, probe_s)
 
     def _check_alive(self, pending: set[int], job_abort: threading.Event) -> None:
         """A worker thread that vanished mid-run would leave the caller waiting for ever."""
@@ -514,3 +554,10 @@ class PipelineRuntime:
         for name in self.program.output_names:
             out[name] = produced[name] if name in produced else inputs[name].detach()
         return out
+
+
+def shifted(actions: tuple[Action, ...], first: int) -> tuple[Action, ...]:
+    """``actions`` on micro-batches ``first`` on: each micro-batch index plus ``first``."""
+    if not first:
+        return actions
+    return tuple(a if a.mb is None else replace(a, mb=a.mb + first) for a in actions)

@@ -50,8 +50,8 @@ import functools
 from collections.abc import Callable, Sequence
 
 from ..errors import Error
-from .actions import Action, ActionKind, Schedule
-from .clock import format_grid, simulate, validate
+from .actions import Action, ActionKind
+from .clock import Schedule, format_grid, simulate, validate
 
 __all__ = [
     "ActionKind",

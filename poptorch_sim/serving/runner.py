@@ -30,8 +30,8 @@ from typing import Any
 
 from ..enums import OutputMode
 from ..errors import Error
-from ..executor.executor import PoplarExecutor
-from ..executor.layout import batch_layout, check_batch
+from ..executor.executor import PoplarExecutor, compiled_batch
+from ..executor.layout import batch_layout
 from .batcher import Batcher, Closed, retry_alone
 from .requests import Request, Signature, join, split
 
@@ -223,9 +223,7 @@ def _check_model(model: Any) -> None:
 
 
 def _compiled_micro_batch(model: PoplarExecutor, slots: int) -> int | None:
-    exe = model._executable
-    if exe is None:
+    if not model.isCompiled():
         return None
-    check_batch(exe.inputs, exe.layout)
-    tensors = exe.inputs.tensors()
-    return int(tensors[0].shape[0]) // slots if tensors and tensors[0].dim() else None
+    batch = compiled_batch(model)
+    return batch // slots if batch is not None else None

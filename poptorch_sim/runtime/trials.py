@@ -1,0 +1,176 @@
+"""The trials of a program's ways to share the cores: when they run, what each call times, and
+what they choose.
+
+[Note: trials that cost a fraction of a call]
+The trials of [Note: cores follow the work] once ran whole calls in every mode, and a mode
+several times slower than the others cost a whole call each time: BERT (4 layers, pipelined over
+2 IPUs, GA 10) on the loaded two-core build machine took 9,644 and 8,397 ms in its two calls on
+one thread against a steady 2,150 ms, and a 2-stage pipeline whose stages sleep ran one call in
+three at the sharded speed until its eighth call. So the modes are of two kinds:
+
+    kind     modes                       how a trial times them
+    whole    split, lent (a serial       whole calls, in turn (each keeps a worker per IPU,
+             program: one thread)        and the pipelined modes measured within 1.6x of
+                                         each other)
+    probed   one thread, side by side    the call's first micro-batches (1 on one thread,
+                                         one per core side by side), then the rest of the
+                                         call in the call's whole mode
+
+A probe computes at most ``PROBE_SHARE`` of a call's micro-batches (none where the call has too
+few), so a mode ``r`` times slower costs the call ``1 + PROBE_SHARE * (r - 1)`` at most: GA 10
+with ``r`` = 4.5 costs 1.35 of a call. A probe measured more than ``RULED_OUT`` times as slow as
+the trial's fastest whole mode is not probed again in that trial. The split into two runs keeps
+the numbers: the micro-batches still run in order, each parameter's gradients accumulate in
+micro-batch order, and only the call's last run steps the optimizer.
+
+The choice holds until the next trial (``TRIAL_EVERY`` runs after a trial started, doubling up
+to ``TRIAL_EVERY_MAX`` while trials keep choosing the same mode), unless the machine changes:
+once the median of the last ``DRIFT_RUNS`` runs in the chosen mode moves by more than ``DRIFT``
+times from the time the trial measured for it (a machine that went quiet, or got busy), the
+next run starts a new trial, and the gap goes back to ``TRIAL_EVERY``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from typing import NamedTuple
+
+__all__ = ["PROBED", "Probe", "Trials"]
+
+PROBED = ("one thread", "side by side")  # modes a trial times on a call's first micro-batches
+TRIAL_EVERY = 40  # runs from the start of one trial of the modes to the next
+TRIAL_EVERY_MAX = 640  # the most it grows to, doubling after each trial that kept the choice
+TRIAL_RUNS = 2  # runs of each mode in a trial
+TRIAL_MARGIN = 0.95  # another mode must take at most this fraction of the first mode's time
+PROBE_SHARE = 0.25  # the most of a call's micro-batches a probe computes
+RULED_OUT = 1.5  # a probed mode this much slower than the fastest whole mode: probed no more
+DRIFT = 1.5  # the chosen mode's recent time moved by this factor: try the modes again
+DRIFT_RUNS = 5  # runs whose median is compared with the trial's time
+
+
+class Probe(NamedTuple):
+    """A call's first ``count`` micro-batches computed in ``mode`` (a trial's probe)."""
+
+    mode: str
+    count: int
+
+
+class Trials:
+    """The trials of ``modes`` and the mode of the runs outside them. See [Note: trials that
+    cost a fraction of a call].
+
+    Args:
+        modes: the modes compared, the first being the one others must beat by
+            ``TRIAL_MARGIN`` (empty: no trials).
+        choice: the mode before any trial.
+        cores: the program's cores (a side by side probe computes one micro-batch on each).
+
+    Attributes:
+        whole: the modes a trial runs whole calls in.
+        probed: the modes a trial times on a call's first micro-batches.
+        length: the runs of one trial.
+        choice: the mode of the runs outside a trial.
+        picked: what the last trial chose (None before the first).
+
+    >>> trials = Trials(("split", "lent", "one thread"), "lent", cores=2)
+    >>> trials.observe(0.5)  # the first run: not a trial's
+    >>> trials.mode(), trials.probe(10)
+    ('split', Probe(mode='one thread', count=1))
+    >>> for seconds, probe in ((0.5, 0.6), (0.4, 0.7), (0.5, None), (0.4, None)):
+    ...     trials.observe(seconds, probe)
+    >>> trials.choice
+    'lent'
+    """
+
+    def __init__(self, modes: tuple[str, ...], choice: str, cores: int) -> None:
+        self.whole = tuple(m for m in modes if m not in PROBED) or modes[:1]
+        self.probed = tuple(m for m in modes if m not in self.whole)
+        self.length = TRIAL_RUNS * max(len(self.whole), len(self.probed)) if modes else 0
+        self.choice = choice
+        self.picked: str | None = None
+        self._cores = cores
+        self._runs = 0
+        self._start = 0  # the run that starts the current trial period
+        self._period = TRIAL_EVERY  # runs from this trial to the next
+        self._times: dict[str, float] = {}  # mode -> its fastest time in this trial: s per mb
+        self._reference: float | None = None  # the chosen mode's time in the trial that chose it
+        self._recent: deque[float] = deque(maxlen=DRIFT_RUNS)
+
+    def _phase(self) -> int:
+        """The next run's place in the current trial: 1 to ``length``, or 0 outside one."""
+        phase = self._runs - self._start
+        return phase if self._runs and 1 <= phase <= self.length else 0
+
+    def mode(self) -> str:
+        """The mode of the next run (of its micro-batches after any probe)."""
+        phase = self._phase()
+        return self.whole[(phase - 1) % len(self.whole)] if phase else self.choice
+
+    def _probed(self, phase: int) -> str | None:
+        """The mode probed in the trial's run ``phase``: each ``TRIAL_RUNS`` times, in turn."""
+        if not 1 <= phase <= TRIAL_RUNS * len(self.probed):
+            return None
+        return self.probed[(phase - 1) % len(self.probed)]
+
+    def probe(self, count: int) -> Probe | None:
+        """The probe of the next run, of ``count`` micro-batches (None: none)."""
+        mode = self._probed(self._phase())
+        if mode is None:
+            return None
+        size = self._cores if mode == "side by side" else 1
+        if size > PROBE_SHARE * count or self._ruled_out(mode):
+            return None
+        return Probe(mode, size)
+
+    def _ruled_out(self, mode: str) -> bool:
+        whole = [self._times[m] for m in self.whole if m in self._times]
+        return mode in self._times and bool(whole) and self._times[mode] > RULED_OUT * min(whole)
+
+    def observe(self, seconds_per_mb: float | None, probe_s_per_mb: float | None = None) -> None:
+        """Record one run: its time per micro-batch after the probe, and the probe's."""
+        phase, mode = self._phase(), self.mode()
+        probed = self._probed(phase)
+        self._runs += 1
+        if phase:
+            for timed, seconds in ((mode, seconds_per_mb), (probed, probe_s_per_mb)):
+                if timed is not None and seconds is not None:
+                    self._times[timed] = min(self._times.get(timed, seconds), seconds)
+            if phase == self.length:
+                if all(m in self._times for m in self.whole):
+                    self._pick()
+                self._times.clear()
+        elif seconds_per_mb is not None:
+            self._watch(seconds_per_mb)
+        if self._runs - self._start >= self._period:
+            self._start = self._runs
+
+    def _pick(self) -> None:
+        """Take the trial's fastest mode if within ``TRIAL_MARGIN`` of the first's, else the
+        first; the next trial comes twice as late if it kept the last one's choice."""
+        first = self.whole[0]
+        others = [m for m in self._times if m != first]
+        mode = first
+        if others:
+            best = min(others, key=self._times.__getitem__)
+            if self._times[best] <= TRIAL_MARGIN * self._times[first]:
+                mode = best
+        kept = mode == self.picked
+        self._period = min(2 * self._period, TRIAL_EVERY_MAX) if kept else TRIAL_EVERY
+        self.picked = self.choice = mode
+        self._reference = self._times[mode]
+        self._recent.clear()
+
+    def _watch(self, seconds_per_mb: float) -> None:
+        """A run in the chosen mode: start a trial at the next run if the machine changed."""
+        if self._reference is None:
+            return
+        self._recent.append(seconds_per_mb)
+        if len(self._recent) < DRIFT_RUNS:
+            return
+        ratio = statistics.median(self._recent) / self._reference
+        if 1 / DRIFT <= ratio <= DRIFT:
+            return
+        self._start, self._period = self._runs - 1, TRIAL_EVERY
+        self._reference = None
+        self._recent.clear()
