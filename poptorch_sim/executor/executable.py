@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from ..options import Options
 from ..runtime import worker_memory
 from ..runtime.dtypes import device_dtype
 from ..runtime.io_tiles import IoTiles
+from ..runtime.rng import ModelRng
 from .eager import EagerProgram
 from .host_buffers import OutputBuffers
 from .inputs import BoundArgs
@@ -50,6 +52,7 @@ class Executable:
         memory: the memory estimate made at compile time (``poptorch_sim.memory_report``).
         host_outputs: the joined outputs' memory, reused across calls (See [Note: output
             buffers are reused]).
+        rng: the model's random stream (See [Note: a random stream per model]).
     """
 
     inputs: BoundArgs
@@ -60,6 +63,7 @@ class Executable:
     io: IoTiles | None = None
     memory: Any = None
     host_outputs: OutputBuffers = field(default_factory=OutputBuffers)
+    rng: ModelRng = field(default_factory=ModelRng)
 
     def run(self, bound: BoundArgs, options: Options) -> tuple[Any, PerfRecord]:
         """One call: every micro-batch of ``bound`` through the program (and optimizer steps).
@@ -82,13 +86,15 @@ class Executable:
         )
         trainer = self.trainer
         start = time.perf_counter()
+        lay = self.layout
+        streams = self.rng.streams(
+            lay.device_iterations * lay.gradient_accumulation * lay.replicas
+        )
         if self.io is not None:
             if any(t.requires_grad for t in bound.tensors()):
                 warning_once(DETACHED_INPUT)
-            lay = self.layout
-            micro = [
-                mb for d in range(lay.device_iterations) for mb in lay.step_micro_batches(bound, d)
-            ]
+            steps = [lay.step_micro_batches(bound, d) for d in range(lay.device_iterations)]
+            micro = [(r, (mb, s)) for (r, mb), s in zip(itertools.chain(*steps), streams)]
             for leaves in self.io.run(micro):  # the IO threads convert dtypes as they load
                 collector.add(leaves)
         else:
@@ -98,6 +104,7 @@ class Executable:
                 collector,
                 trainer.loss_scaling if trainer else 1.0,
                 trainer.step if trainer else None,
+                streams,
             )
         if trainer is not None:
             trainer.finish_run()

@@ -26,7 +26,6 @@ __all__ = [
     "check_cycle_count",
     "latencies",
     "placement_of",
-    "set_rng_state",
     "tensor_names",
 ]
 
@@ -115,16 +114,6 @@ def anchored_tensor(exe: Executable | None, options: Options, short_name: str) -
     if long_name not in exe.trainer.anchors:
         raise AssertionError(f"No tensor with name {short_name} found.")
     return exe.trainer.anchors[long_name]
-
-
-def rng_state() -> list[int]:
-    """``[seed] + state`` of the device RNG (torch's, in simulation)."""
-    return [torch.initial_seed()] + torch.get_rng_state().tolist()
-
-
-def set_rng_state(state: list[int]) -> None:
-    """Set the device RNG from ``rng_state()``'s list."""
-    torch.set_rng_state(torch.tensor(state[1:], dtype=torch.uint8))
 
 
 def check_cycle_count(options: Options, ran: bool) -> None:

@@ -63,6 +63,7 @@ from .pool import (
     start_workers,
     stop_workers,
 )
+from .rng import MicroBatchStream
 from .routes import HOST, routes_of
 from .schedules import SCHEDULES, Schedule, make_schedule
 from .side_by_side import independent_micro_batches, side_actions
@@ -295,6 +296,7 @@ class PipelineRuntime:
         loss_scale: float = 1.0,
         step: Callable[[int], None] | None = None,
         into: list[dict[str, torch.Tensor]] | None = None,
+        streams: list[MicroBatchStream] | None = None,
     ) -> list[dict[str, torch.Tensor]]:
         """Run every micro-batch through the pipeline (forward, and backward in training).
 
@@ -308,6 +310,8 @@ class PipelineRuntime:
             step: per-stage optimizer step (training only).
             into: per micro-batch, tensors that program outputs may be computed into
                 (inference on the CPU; See [Note: outputs computed in place]).
+            streams: per micro-batch, the random stream its stages draw from (See [Note: a
+                random stream per model]); None draws from torch's generators.
 
         Returns:
             For each micro-batch, ``{name: detached tensor on the CPU}`` for
@@ -325,6 +329,11 @@ class PipelineRuntime:
             raise Error(
                 f"into has {len(into)} entries for {len(micro_batches)} micro-batches; give one "
                 "dict of destinations per micro-batch"
+            )
+        if streams is not None and len(streams) != len(micro_batches):
+            raise Error(
+                f"streams has {len(streams)} entries for {len(micro_batches)} micro-batches; "
+                "give one random stream per micro-batch"
             )
         schedule = self.schedule(len(micro_batches))
         self._run_id += 1
@@ -358,6 +367,7 @@ class PipelineRuntime:
                 lend=mode == "lent",
                 recount=switched,
                 into=tuple(into) if into is not None else None,
+                streams=tuple(streams) if streams is not None else None,
             )
             worker.inbox.put(job)
         self._pending = set(self._workers)
