@@ -314,6 +314,10 @@ class PoplarExecutor:
         """The random number generator's seed and state of the compiled model:
         ``[seed] + state`` (See [Note: a random stream per model]).
 
+        Simulated: the state is torch's CPU generator state (mt19937 bytes), not PopART's
+        per-tile state, and one seed draws other numbers than an IPU (see
+        tests/test_footguns.py).
+
         Raises:
             Error: the model is not compiled.
         """
