@@ -312,3 +312,33 @@ def test_anchored_tensors_keep_one_value_per_optimizer_step() -> None:
     training(torch.randn(6, 4))
     assert training.getAnchoredTensor("grad").shape == (3 * 10,)
     training.destroy()
+
+
+class _Noise(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.randn_like(x)
+
+
+def test_random_numbers_come_from_torch_generators_seeded_per_micro_batch() -> None:
+    # An IPU draws from its tiles' hardware generators; here each micro-batch's random ops
+    # draw from torch's generator, seeded from the model's own stream (see
+    # poptorch_sim/runtime/rng.py): other numbers than an IPU's for one seed, and other
+    # numbers than eager PyTorch after torch.manual_seed(seed).
+    opts = poptorch.Options().randomSeed(7).deviceIterations(2)
+    model = poptorch.inferenceModel(_Noise(), opts)
+    out = model(torch.zeros(2, 3))
+    torch.manual_seed(7)
+    assert not torch.equal(out[0], torch.randn(3))
+    assert not torch.equal(out[0], out[1])  # each micro-batch has its own stream
+    # rng_state is torch's CPU generator state (mt19937), not PopART's per-tile state
+    assert len(model.rng_state) == 1 + torch.get_rng_state().numel()
+
+
+def test_an_unseeded_model_starts_from_the_host_stream_as_it_stands() -> None:
+    # PopART seeds an unseeded model itself; here it starts from a copy of torch's CPU
+    # generator at compile (without drawing from it), so torch.manual_seed makes runs repeat.
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        outs.append(poptorch.inferenceModel(_Noise())(torch.zeros(2, 3)))
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)

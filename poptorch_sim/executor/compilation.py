@@ -210,8 +210,8 @@ def _io_tiles(program: Program, overlap: bool, options: Options, training: bool)
             name = f"overlap_io_trace_{next(_io_serial)}.json"
             report = os.path.join(options.profile_dir, name)
     return IoTiles(
-        program.run_micro_batch,
-        lambda mb, fn: mb.map_tensors(fn),
+        lambda job, r: program.run_micro_batch(job[0], r, job[1]),  # (inputs, random stream)
+        lambda job, fn: (job[0].map_tensors(fn), job[1]),
         program.input_device,
         num_io_tiles(options),
         resolve_threads_per_ipu(None, 1),

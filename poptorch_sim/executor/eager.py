@@ -29,6 +29,7 @@ from ..ops.blocks import recording_blocks
 from ..ops.control import training_graph
 from ..ops.overlap_graph import OverlapGraphChecks
 from ..ops.printing import prints_suppressed
+from ..runtime.rng import MicroBatchStream, rng_lock
 from .fp_checks import FloatingPointChecks
 from .inputs import BoundArgs
 from .layout import Layout
@@ -87,33 +88,34 @@ class EagerProgram:
         """
         mb = mb.map_tensors(torch.clone)  # in-place edits of inputs must not happen twice
         saved = [b.detach().clone() for b in self.model.buffers()]
-        rng = torch.get_rng_state()
-        before = buffer_versions(self.model)
-        spotter = _BlockSpotter()
-        overlap = OverlapGraphChecks(mb.tensors())
-        try:
-            with (
-                torch.set_grad_enabled(self.training),
-                prints_suppressed(),
-                recording_blocks(spotter),
-                PopTorchRefusals(),
-                overlap,
-            ):
-                if self.training:
-                    leaves = self._first_forward(mb)
-                else:
-                    leaves, _ = self.forward(mb, 0)
-            overlap.check_outputs(leaves)
-            self.blocks_seen = spotter.seen
-            self.draws_random = not torch.equal(torch.get_rng_state(), rng)
-            check_unchanged()
-            if self.broadcast_replicas:
-                check_buffer_broadcast(self.model, before)
-        finally:
-            with torch.no_grad():
-                for buf, value in zip(self.model.buffers(), saved):
-                    buf.copy_(value)
-            torch.set_rng_state(rng)
+        with rng_lock():  # no model's stream is lent to torch's generator while this looks
+            rng = torch.get_rng_state()
+            before = buffer_versions(self.model)
+            spotter = _BlockSpotter()
+            overlap = OverlapGraphChecks(mb.tensors())
+            try:
+                with (
+                    torch.set_grad_enabled(self.training),
+                    prints_suppressed(),
+                    recording_blocks(spotter),
+                    PopTorchRefusals(),
+                    overlap,
+                ):
+                    if self.training:
+                        leaves = self._first_forward(mb)
+                    else:
+                        leaves, _ = self.forward(mb, 0)
+                overlap.check_outputs(leaves)
+                self.blocks_seen = spotter.seen
+                self.draws_random = not torch.equal(torch.get_rng_state(), rng)
+                check_unchanged()
+                if self.broadcast_replicas:
+                    check_buffer_broadcast(self.model, before)
+            finally:
+                with torch.no_grad():
+                    for buf, value in zip(self.model.buffers(), saved):
+                        buf.copy_(value)
+                torch.set_rng_state(rng)
 
     def forward(self, mb: BoundArgs, r: int) -> tuple[list[Any], torch.Tensor | None]:
         """Run one micro-batch of replica ``r``; return output leaves and the final loss."""
@@ -186,11 +188,20 @@ class EagerProgram:
             self.replica_threads.close()
             self.replica_threads = None
 
-    def run_micro_batch(self, mb: BoundArgs, r: int) -> list[Any]:
-        """Inference of one micro-batch (overlapped IO's compute phase): its output leaves."""
-        with torch.no_grad():
+    def run_micro_batch(
+        self, mb: BoundArgs, r: int, stream: MicroBatchStream | None = None
+    ) -> list[Any]:
+        """Inference of one micro-batch (overlapped IO's compute phase): its output leaves;
+        random ops draw from ``stream``."""
+        with torch.no_grad(), self._drawing(stream):
             leaves, _ = self.forward(mb, r)
         return [_detach(t) for t in leaves]
+
+    def _drawing(self, stream: MicroBatchStream | None) -> contextlib.AbstractContextManager[Any]:
+        """Lend ``stream`` to torch's generator while a forward that draws runs."""
+        if stream is None or not self.draws_random:
+            return contextlib.nullcontext()
+        return stream.drawing(self.input_device)
 
     def _first_forward(self, mb: BoundArgs) -> list[Any]:
         grouped = grouped_variables(self.grouped, self.model, 0)
@@ -212,8 +223,14 @@ class EagerProgram:
         collector: OutputCollector,
         loss_scale: float,
         step: Callable[[], None] | None,
+        streams: list[MicroBatchStream] | None = None,
     ) -> None:
-        """Run one call: every micro-batch, and in training an optimizer ``step`` per iteration."""
+        """Run one call: every micro-batch, and in training an optimizer ``step`` per iteration.
+
+        ``streams``: one random stream per micro-batch of the call, in call order (See [Note: a
+        random stream per model]); None draws from torch's generator.
+        """
+        draw = iter(streams) if streams is not None else None
         threads = self.replica_threads
         if threads is not None and not threads.current():
             threads.close()  # the parameters were replaced: copy the model again
@@ -227,11 +244,13 @@ class EagerProgram:
                     step()
                 continue
             for r, mb in layout.step_micro_batches(bound, d):
+                drawing = self._drawing(next(draw) if draw is not None else None)
                 if self.training:
-                    leaves, loss = self.forward(mb, r)
+                    with drawing:
+                        leaves, loss = self.forward(mb, r)
                     _backward(loss, loss_scale)
                 else:
-                    with torch.no_grad():
+                    with torch.no_grad(), drawing:
                         leaves, _ = self.forward(mb, r)
                 collector.add([_detach(t) for t in leaves])
             if step is not None:

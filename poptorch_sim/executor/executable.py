@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from ..options import Options
 from ..runtime import worker_memory
 from ..runtime.dtypes import device_dtype
 from ..runtime.io_tiles import IoTiles
+from ..runtime.rng import ModelRng
 from .anchors import AnchorCollector, anchors_of
 from .eager import EagerProgram
 from .host_buffers import OutputBuffers
@@ -53,6 +55,7 @@ class Executable:
             buffers are reused]).
         anchored: the latest call's anchored tensors by short name (See [Note: anchored
             tensors follow their output mode] in anchors.py).
+        rng: the model's random stream (See [Note: a random stream per model]).
     """
 
     inputs: BoundArgs
@@ -64,6 +67,7 @@ class Executable:
     memory: Any = None
     host_outputs: OutputBuffers = field(default_factory=OutputBuffers)
     anchored: dict[str, torch.Tensor] = field(default_factory=dict)
+    rng: ModelRng = field(default_factory=ModelRng)
 
     def run(self, bound: BoundArgs, options: Options) -> tuple[Any, PerfRecord]:
         """One call: every micro-batch of ``bound`` through the program (and optimizer steps).
@@ -91,11 +95,13 @@ class Executable:
             anchors = AnchorCollector(anchors_of(options), self.layout.device_iterations)
             step = anchors.stepping(step, trainer.anchors)
         start = time.perf_counter()
+        lay = self.layout
+        streams = self.rng.streams(
+            lay.device_iterations * lay.gradient_accumulation * lay.replicas
+        )
         if self.io is not None:
-            lay = self.layout
-            micro = [
-                mb for d in range(lay.device_iterations) for mb in lay.step_micro_batches(bound, d)
-            ]
+            steps = [lay.step_micro_batches(bound, d) for d in range(lay.device_iterations)]
+            micro = [(r, (mb, s)) for (r, mb), s in zip(itertools.chain(*steps), streams)]
             for leaves in self.io.run(micro):  # the IO threads convert dtypes as they load
                 collector.add(leaves)
         else:
@@ -105,6 +111,7 @@ class Executable:
                 collector,
                 trainer.loss_scaling if trainer else 1.0,
                 step,
+                streams,
             )
         if trainer is not None:
             trainer.finish_run()

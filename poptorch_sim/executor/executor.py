@@ -7,7 +7,7 @@ It joins the compiler and the runtime, and is built from parts, each handed what
     Executable            executable.py       one call: micro-batches through the program
     DeviceLink            device_link.py      attach state, host ↔ device weight copies
     OptimizerLink         optimizer_link.py   the user's optimizer, setOptimizer, device state
-    inspection            inspection.py       tensor names, anchors, latencies, RNG, placement
+    inspection            inspection.py       tensor names, anchors, latencies, placement
     serialization         serialization.py    executable files (save / loadExecutable)
 
 The executor owns the lifecycle (compile, attach/detach, destroy) and PopTorch's method names.
@@ -71,7 +71,7 @@ class PoplarExecutor:
         )
         self._executable: Executable | None = None
         self._perf: PerfRecord | None = None
-        self._seed_pending = False  # randomSeed: seed the device RNG at the next attach
+        self._rng_pending: list[int] | None = None  # written to the device RNG at attach
         self._call_lock = threading.RLock()  # See [Note: calls from several threads]
         self._per_replica: dict[str, ReplicaGrouping] = {}  # replicaGrouping() per parameter
         self._optim = OptimizerLink(model, self._options, optimizer) if training else None
@@ -149,7 +149,8 @@ class PoplarExecutor:
         self._memory_report = exe.memory  # read by poptorch_sim.memory_report
         self._executable = exe
         self._link.connect(exe.device, exe.program.buffers)
-        self._seed_pending = self._options.exists("random_seed")
+        seeded = self._options.exists("random_seed")
+        self._rng_pending = [self._options.random_seed] if seeded else None
         if self._optim is not None:
             self._optim.connect(exe)
         hooks.run_post_compile()
@@ -182,13 +183,9 @@ class PoplarExecutor:
 
     def _attach(self) -> None:
         self._link.attach()
-        if self._seed_pending:
-            # PopTorch seeds the device RNG when it loads an executable; the device RNG here
-            # is torch's, so two models with one randomSeed draw the same numbers.
-            self._seed_pending = False
-            seed = self._options.random_seed
-            logger.debug("Setting random seed to: %d", seed)
-            torch.manual_seed(seed)
+        if self._rng_pending is not None:  # PopTorch writes its cached RNG state at attach
+            self._write_rng(self._rng_pending)
+            self._rng_pending = None
         if self._optim is not None:
             self._optim.write_state_if_loaded()  # a state loaded while detached goes up now
 
@@ -285,7 +282,7 @@ class PoplarExecutor:
             self._training,
             self.model if export_model else None,
             optimizer if export_model else None,
-            save_rng_state,
+            self.rng_state if save_rng_state else None,
         )
 
     def compileAndExport(
@@ -302,8 +299,6 @@ class PoplarExecutor:
             self.destroy()
         args, kwargs = saved.inputs
         self.compile(*args, **kwargs)
-        if saved.rng_state is not None:
-            torch.set_rng_state(saved.rng_state)
 
     # -- inspection -----------------------------------------------------------------------------
     def getTensorNames(self) -> list[str]:
@@ -316,14 +311,38 @@ class PoplarExecutor:
 
     @property
     def rng_state(self) -> list[int]:
-        """``[seed] + state`` of the device RNG."""
-        self._require_executable()
-        return inspection.rng_state()
+        """The random number generator's seed and state of the compiled model:
+        ``[seed] + state`` (See [Note: a random stream per model]).
+
+        Simulated: the state is torch's CPU generator state (mt19937 bytes), not PopART's
+        per-tile state, and one seed draws other numbers than an IPU (see
+        tests/test_footguns.py).
+
+        Raises:
+            Error: the model is not compiled.
+        """
+        exe = self._require_executable()
+        if self._rng_pending is not None:
+            return list(self._rng_pending)
+        logger.debug("Reading random seed")
+        logger.debug("Reading RNG state")
+        return exe.rng.state()
 
     @rng_state.setter
     def rng_state(self, state: list[int]) -> None:
+        """Set the seed and state (``[seed]`` alone reseeds); written at the next attach when
+        detached, as PopTorch does."""
         self._require_executable()
-        inspection.set_rng_state(state)
+        if self.isAttachedToDevice():
+            self._write_rng(list(state))
+        else:
+            self._rng_pending = list(state)
+
+    def _write_rng(self, state: list[int]) -> None:
+        logger.debug("Setting random seed to: %d", state[0] if state else 0)
+        self._require_executable().rng.set_state(state)
+        if len(state) > 1:
+            logger.debug("Setting RNG state")
 
     def cycleCount(self) -> int:
         """Cycle counts exist only on hardware; the simulator counts none."""

@@ -29,7 +29,6 @@ __all__ = [
     "compiled_batch_of",
     "latencies",
     "placement_of",
-    "set_rng_state",
     "tensor_names",
 ]
 
@@ -128,16 +127,6 @@ def anchored_tensor(exe: Executable | None, options: Options, short_name: str) -
     if short_name not in exe.anchored:
         raise AssertionError(f"No tensor with name {short_name} found.")
     return exe.anchored[short_name]
-
-
-def rng_state() -> list[int]:
-    """``[seed] + state`` of the device RNG (torch's, in simulation)."""
-    return [torch.initial_seed()] + torch.get_rng_state().tolist()
-
-
-def set_rng_state(state: list[int]) -> None:
-    """Set the device RNG from ``rng_state()``'s list."""
-    torch.set_rng_state(torch.tensor(state[1:], dtype=torch.uint8))
 
 
 def check_cycle_count(options: Options, ran: bool) -> None:

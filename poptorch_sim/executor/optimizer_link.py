@@ -1,8 +1,8 @@
 """The user's optimizer as a training executor sees it: snapshot, ``setOptimizer``, device state.
 
-The logic is the device side of training's (``training.py``: snapshots, the device trainer, the
-optimizer-state reader); this class holds the fields it works on, so the executor only calls
-its methods. See [Note: optimizer state on the device] in ``poptorch_sim/optim/base.py``.
+It holds the optimizer, its latest snapshot and the executable, and calls the functions of
+``training.py`` (snapshots, the device trainer, the optimizer-state reader) with them, so the
+executor only calls its methods. See [Note: optimizer state on the device] in ``poptorch_sim/optim/base.py``.
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ import torch
 from torch import nn
 
 from ..optim import SGD
+from ..optim.device import OptimizerSnapshot, check_update
 from ..options import Options
 from .layout import Layout
-from .training import DeviceTrainer, OptimizerMixin
+from .training import DeviceTrainer, build_trainer, connect_state, take_snapshot
 from .weights import DeviceCopy
 
 __all__ = ["OptimizerLink"]
 
 
-class OptimizerLink(OptimizerMixin):
+class OptimizerLink:
     """The optimizer of one training executor.
 
     Args:
@@ -34,13 +35,12 @@ class OptimizerLink(OptimizerMixin):
         self, model: nn.Module, options: Options, optimizer: torch.optim.Optimizer | None
     ) -> None:
         self._options = options
-        self._training = True
         self._executable: Any = None  # what has the device trainer, once compiled
-        self._snapshot = None
+        self._reported: set[str] = set()  # "Ignoring unexpected ..." messages given
         if optimizer is None:
             optimizer = SGD(model.parameters(), lr=0.01)
-        self._optimizer = optimizer
-        self._snapshot = self._take_snapshot(optimizer)
+        self._optimizer: Any = optimizer
+        self._snapshot: OptimizerSnapshot = take_snapshot(options, optimizer)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -49,17 +49,39 @@ class OptimizerLink(OptimizerMixin):
 
     def build_trainer(self, device: DeviceCopy, layout: Layout) -> DeviceTrainer:
         """The device trainer of a freshly compiled executable."""
-        return self._build_trainer(device, layout)
+        return build_trainer(self._options, self._optimizer, self._snapshot, device, layout)
 
     def connect(self, executable: Any) -> None:
         """Read and write the optimizer state through ``executable.trainer`` from now on."""
         self._executable = executable
-        self._connect_optimizer_state()
+        connect_state(self._options, self._optimizer, executable)
+
+    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Use ``optimizer``'s current hyper-parameters (and state, if loaded) from now on.
+
+        Raises:
+            Error: after compilation, a constant hyper-parameter changed.
+        """
+        compiled = self._executable is not None
+        previous = self._snapshot if compiled else None
+        new = take_snapshot(self._options, optimizer, previous, self._reported)
+        if previous is not None:
+            check_update(previous, new)
+        self._snapshot = new
+        old = self._optimizer
+        if old is not optimizer and hasattr(old, "_set_state_reader"):
+            if compiled:
+                old.state_dict()
+            old._set_state_reader(None)
+        self._optimizer = optimizer
+        if compiled and self._executable.trainer is not None:
+            self._executable.trainer.apply(self._snapshot)
+            connect_state(self._options, optimizer, self._executable)
 
     def write_state_if_loaded(self) -> None:
         """Write a state loaded into the user's optimizer (``load_state_dict``) to the device."""
         if getattr(self._optimizer, "ipu_state_is_dirty", False):
-            self._connect_optimizer_state()
+            connect_state(self._options, self._optimizer, self._executable)
 
     def after_run(self) -> None:
         """The device stepped: the host state is stale, and LR schedulers must not warn (the

@@ -34,7 +34,7 @@ class SavedExecutable:
         inputs: ``(args, kwargs)`` the executable was compiled for.
         options: its options; training: whether it trains.
         model, optimizer: the wrapped model and its optimizer (None with ``export_model=False``).
-        rng_state: the host RNG state at saving (None with ``save_rng_state=False``).
+        rng_state: the model's ``rng_state`` at saving (None with ``save_rng_state=False``).
     """
 
     inputs: tuple[tuple[Any, ...], dict[str, Any]]
@@ -42,7 +42,7 @@ class SavedExecutable:
     training: bool
     model: Any
     optimizer: Any
-    rng_state: torch.Tensor | None
+    rng_state: list[int] | None
 
 
 def write(
@@ -52,7 +52,7 @@ def write(
     training: bool,
     model: Any,
     optimizer: Any,
-    save_rng_state: bool,
+    rng_state: list[int] | None,
 ) -> None:
     """Write an executable file (a directory gets ``model.poptorch`` inside it)."""
     data: dict[str, Any] = {
@@ -62,7 +62,7 @@ def write(
         "training": training,
         "model": model,
         "optimizer": optimizer,
-        "rng_state": torch.get_rng_state() if save_rng_state else None,
+        "rng_state": rng_state,
     }
     dirname = os.path.dirname(os.path.abspath(_target(filename)))
     os.makedirs(dirname, exist_ok=True)
@@ -95,5 +95,12 @@ def read(filename: str, mismatch: type[Exception]) -> SavedExecutable:
         training=data["training"],
         model=data["model"],
         optimizer=data["optimizer"],
-        rng_state=data.get("rng_state"),
+        rng_state=_rng_list(data.get("rng_state")),
     )
+
+
+def _rng_list(state: Any) -> list[int] | None:
+    """A file's RNG state as ``rng_state`` takes it (older files hold torch's host state)."""
+    if isinstance(state, torch.Tensor):
+        return [torch.initial_seed(), *state.tolist()]
+    return None if state is None else list(state)

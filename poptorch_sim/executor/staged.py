@@ -36,6 +36,7 @@ from ..profiling.trace import TraceRecorder
 from ..profiling.utilisation import write_report
 from ..program import StagedProgram
 from ..runtime import PipelineRuntime
+from ..runtime.rng import MicroBatchStream
 from .inputs import BoundArgs
 from .layout import Layout
 from .outputs import OutputCollector
@@ -96,10 +97,14 @@ class StagedRunner:
         """Where the first stage computes (the target of overlapped IO's loads)."""
         return self.runtime.devices[self.program.stages[0].ipu]
 
-    def run_micro_batch(self, mb: BoundArgs, r: int) -> list[Any]:
-        """Inference of one micro-batch (overlapped IO's compute phase): its output leaves."""
+    def run_micro_batch(
+        self, mb: BoundArgs, r: int, stream: MicroBatchStream | None = None
+    ) -> list[Any]:
+        """Inference of one micro-batch (overlapped IO's compute phase): its output leaves;
+        random ops draw from ``stream``."""
+        streams = [stream] if stream is not None else None
         with torch.no_grad():
-            values = self.runtime.run([self._inputs(mb)])[0]
+            values = self.runtime.run([self._inputs(mb)], streams=streams)[0]
         return self._leaves(values)
 
     def _inputs(self, mb: BoundArgs) -> dict[str, torch.Tensor]:
@@ -120,10 +125,12 @@ class StagedRunner:
         collector: OutputCollector,
         loss_scale: float,
         step: Callable[[], None] | None,
+        streams: list[MicroBatchStream] | None = None,
     ) -> None:
         """Run one call: each device iteration's micro-batches through the pipeline, then step.
 
-        See [Note: inference pipelines span device iterations].
+        See [Note: inference pipelines span device iterations]. ``streams``: one random stream
+        per micro-batch of the call, in call order (See [Note: a random stream per model]).
         """
         if not self.training:
             inputs = [
@@ -133,14 +140,17 @@ class StagedRunner:
             ]
             into = self._destinations(len(inputs), collector)
             with torch.no_grad():
-                results = self.runtime.run(inputs, into=into)
+                results = self.runtime.run(inputs, into=into, streams=streams)
             if results:
                 self._shapes = {n: (v.shape, v.dtype) for n, v in results[0].items()}
             self._collect(results, collector)
             return
         for d in range(layout.device_iterations):
             inputs = [self._inputs(mb) for _, mb in layout.step_micro_batches(bound, d)]
-            results = self.runtime.run(inputs, loss_scale=loss_scale, step=self.stage_step)
+            window = streams[d * len(inputs) : (d + 1) * len(inputs)] if streams else None
+            results = self.runtime.run(
+                inputs, loss_scale=loss_scale, step=self.stage_step, streams=window
+            )
             self._collect(results, collector)
             if step is not None:
                 step()

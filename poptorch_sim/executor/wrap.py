@@ -130,6 +130,8 @@ def load(filename: str, edit_opts_fn: Callable[[Options], None] | None = None) -
     else:
         model = inferenceModel(saved.model, options)
     model.loadExecutable(filename)
+    if saved.rng_state is not None:
+        model.rng_state = saved.rng_state
     return model
 
 

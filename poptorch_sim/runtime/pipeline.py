@@ -64,6 +64,7 @@ from .pool import (
     start_workers,
     stop_workers,
 )
+from .rng import MicroBatchStream
 from .routes import HOST, routes_of
 from .schedules import SCHEDULES, Schedule, make_schedule
 from .side_by_side import independent_micro_batches, side_actions
@@ -299,6 +300,7 @@ class PipelineRuntime:
         loss_scale: float = 1.0,
         step: Callable[[int], None] | None = None,
         into: list[dict[str, torch.Tensor]] | None = None,
+        streams: list[MicroBatchStream] | None = None,
     ) -> list[dict[str, torch.Tensor]]:
         """Run every micro-batch through the pipeline (forward, and backward in training).
 
@@ -312,6 +314,8 @@ class PipelineRuntime:
             step: per-stage optimizer step (training only).
             into: per micro-batch, tensors that program outputs may be computed into
                 (inference on the CPU; See [Note: outputs computed in place]).
+            streams: per micro-batch, the random stream its stages draw from (See [Note: a
+                random stream per model]); None draws from torch's generators.
 
         Returns:
             For each micro-batch, ``{name: detached tensor on the CPU}`` for
@@ -330,6 +334,11 @@ class PipelineRuntime:
                 f"into has {len(into)} entries for {len(micro_batches)} micro-batches; give one "
                 "dict of destinations per micro-batch"
             )
+        if streams is not None and len(streams) != len(micro_batches):
+            raise Error(
+                f"streams has {len(streams)} entries for {len(micro_batches)} micro-batches; "
+                "give one random stream per micro-batch"
+            )
         resplit, self._given = self._given != self.cores.threads, dict(self.cores.threads)
         count, lent = len(micro_batches), self.cores.budget is not None
         results: list[dict[str, torch.Tensor]] = []
@@ -338,11 +347,13 @@ class PipelineRuntime:
         if probe is not None:
             first = probe.count
             results, seconds = self._run_part(
-                probe.mode, micro_batches, 0, first, loss_scale, None, into
+                probe.mode, micro_batches, 0, first, loss_scale, None, into, streams
             )
             probe_s = seconds / first
         mode = self.cores.mode()  # See [Note: cores follow the work]
-        rest, seconds = self._run_part(mode, micro_batches, first, count, loss_scale, step, into)
+        rest, seconds = self._run_part(
+            mode, micro_batches, first, count, loss_scale, step, into, streams
+        )
         results += rest
         seconds_per_mb = seconds / (count - first)
         # a run may have left a worker's count as default (every run with lent cores)
@@ -358,6 +369,7 @@ class PipelineRuntime:
         loss_scale: float,
         step: Callable[[int], None] | None,
         into: list[dict[str, torch.Tensor]] | None,
+        streams: list[MicroBatchStream] | None,
     ) -> tuple[list[dict[str, torch.Tensor]], float]:
         """Run micro-batches ``first`` to ``last - 1`` in ``mode`` (one run of the workers):
         their results, in order, and the seconds they took (after starting the mode's workers,
@@ -393,6 +405,7 @@ class PipelineRuntime:
                 lend=mode == "lent",
                 recount=switched,
                 into=tuple(into) if into is not None else None,
+                streams=tuple(streams) if streams is not None else None,
             )
             worker.inbox.put(job)
         self._pending = set(self._workers)

@@ -65,7 +65,22 @@ def make_executors(
             from_stages=from_stages,
             recompute=bool(program.meta.get("recompute", False)),
         )
+    _key_streams(executors, routes)
     return executors
+
+
+def _key_streams(executors: dict[int, StageExecutor], routes: Routes) -> None:
+    """Where a stage that draws does not follow every earlier one that draws, each draws from
+    a stream of its own (See [Note: a random stream per model] in rng.py)."""
+    earlier: dict[int, set[int]] = {}  # per stage, the stages it takes values from, transitively
+    for s in sorted(executors):
+        earlier[s] = set()
+        for src in routes.upstream(s):
+            earlier[s] |= {src, *earlier[src]}
+    drawing = [s for s in sorted(executors) if executors[s].draws]
+    if any(t not in earlier[s] for i, s in enumerate(drawing) for t in drawing[:i]):
+        for s in drawing:
+            executors[s].stream_key = s
 
 
 def make_workers(

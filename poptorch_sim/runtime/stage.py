@@ -14,8 +14,7 @@ that requires grad is being used in an in-place operation") where eager PyTorch 
 
 from __future__ import annotations
 
-import threading
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ from ..errors import Error
 from ..program import StageSpec
 from .checkpoints import Checkpoints, has_checkpoints
 from .in_place import destinations
+from .rng import MicroBatchStream, RngState, held, replaying
 
 __all__ = ["RANDOM_NAMES", "StageExecutor", "prepare_backward"]
 
@@ -48,7 +48,7 @@ class _Saved:
     leaves: dict[str, torch.Tensor]
     outputs: dict[str, torch.Tensor]
     args: list[Any] | None = None  # kept for recomputation (see [Note: pipeline recomputation])
-    rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    rng: RngState | None = None  # where the forward's draws started (a stage that draws)
     checkpoints: list[torch.Tensor] | None = None  # See [Note: recomputation checkpoints]
 
 
@@ -88,6 +88,7 @@ class StageExecutor:
     """
 
     probe: Any = None  # a memory.SavedProbe while poptorch_sim.memory measures a run
+    stream_key = 0  # See [Note: a random stream per model]
     in_place: fx.GraphModule | None = None  # See [Note: outputs computed in place]
 
     def __init__(
@@ -101,7 +102,7 @@ class StageExecutor:
     ) -> None:
         self.spec = spec
         self.recompute = recompute and training
-        self._rng_lock = _RNG_LOCK if self.recompute and _has_random_ops(spec.module) else None
+        self.draws = _has_random_ops(spec.module)
         self._marks = self.recompute and has_checkpoints(spec.module)
         self.training = training
         self.loss_name = loss_name if loss_name in spec.outputs else None
@@ -113,9 +114,11 @@ class StageExecutor:
         mb: int,
         values: dict[str, torch.Tensor],
         into: dict[str, torch.Tensor] | None = None,
+        stream: MicroBatchStream | None = None,
     ) -> dict[str, torch.Tensor]:
         """Run the stage on micro-batch ``mb``; ``values`` holds every input name; ``into``
-        where outputs may be computed (See [Note: outputs computed in place]).
+        where outputs may be computed (See [Note: outputs computed in place]); ``stream``
+        the micro-batch's random stream (else random ops draw from torch's generators).
 
         Returns:
             The stage's outputs by name.
@@ -134,8 +137,7 @@ class StageExecutor:
         probe, index = self.probe, self.spec.index
         if self.recompute:
             marks = Checkpoints() if self._marks else None
-            with self._rng_lock or nullcontext(), torch.no_grad(), marks or nullcontext():
-                rng = _rng_state(args)
+            with self._drawing(stream, args) as rng, torch.no_grad(), marks or nullcontext():
                 result = _call(self.spec.module, args)
             kept = marks.kept if marks is not None else None
             if probe is not None:
@@ -146,6 +148,7 @@ class StageExecutor:
         counting = probe.forward(index, mb) if probe is not None and self.training else None
         in_place = self.in_place if into and not self.training else None
         with (
+            self._drawing(stream, args),
             torch.set_grad_enabled(self.training),
             counting or nullcontext(),
             destinations(into) if in_place is not None else nullcontext(),
@@ -162,31 +165,36 @@ class StageExecutor:
         The RNG is replayed from the forward and the buffers (running statistics) restored, so
         the values and the model's state are those of the forward.
         """
-        assert saved.args is not None and saved.rng is not None
+        assert saved.args is not None
         buffers = list(self.spec.module.buffers())
         kept = [b.detach().clone() for b in buffers]
         device = next(a.device for a in saved.args if isinstance(a, torch.Tensor))
-        devices = [device] if saved.rng[1] is not None else []
         probe = self.probe
         counting = probe.recompute(self.spec.index, mb) if probe is not None else None
         marks = Checkpoints(saved.checkpoints) if saved.checkpoints is not None else None
         # Only a stage that draws replays the RNG: another stage's replay, unlocked, would move
         # the process-wide RNG under the forward of a stage that draws.
-        replay = self._rng_lock is not None
         with (
-            self._rng_lock or nullcontext(),
-            torch.random.fork_rng(devices=devices) if replay else nullcontext(),
+            replaying(saved.rng, device) if saved.rng is not None else nullcontext(),
             counting or nullcontext(),
             marks or nullcontext(),
         ):
-            if replay:
-                torch.set_rng_state(saved.rng[0])
-                if saved.rng[1] is not None:
-                    torch.cuda.set_rng_state(saved.rng[1], devices[0])
             with torch.enable_grad():
                 result = _call(self.spec.module, saved.args)
         _restore_buffers(buffers, kept)
         return self._name_outputs(result)
+
+    def _drawing(
+        self, stream: MicroBatchStream | None, args: list[Any]
+    ) -> AbstractContextManager[RngState | None]:
+        """Where the forward's random ops draw (See [Note: a random stream per model]); the
+        context yields the state they start from, for a recomputation to replay."""
+        if not self.draws:
+            return nullcontext(None)
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        if stream is not None:
+            return stream.drawing(device, self.stream_key)
+        return held(device) if self.recompute else nullcontext(None)
 
     def _name_outputs(self, result: object) -> dict[str, torch.Tensor]:
         names = self.spec.outputs
@@ -234,9 +242,11 @@ class StageExecutor:
         self._saved.clear()
 
 
-_RNG_LOCK = threading.Lock()  # See [Note: pipeline recomputation]
 # names of the ops that draw random numbers
-RANDOM_NAMES = ("dropout", "rand", "bernoulli", "normal", "multinomial", "uniform")
+RANDOM_NAMES = (
+    *("dropout", "rand", "bernoulli", "normal", "multinomial", "uniform", "exponential"),
+    *("cauchy", "geometric", "poisson", "gumbel", "rrelu"),
+)
 
 
 def _has_random_ops(module: nn.Module) -> bool:
@@ -245,7 +255,8 @@ def _has_random_ops(module: nn.Module) -> bool:
         return True
     for node in module.graph.nodes:
         if node.op == "call_module":
-            if isinstance(module.get_submodule(node.target), nn.modules.dropout._DropoutNd):
+            called = module.get_submodule(node.target)
+            if isinstance(called, (nn.modules.dropout._DropoutNd, nn.RReLU)):
                 return True
         elif node.op in ("call_function", "call_method"):
             name = getattr(node.target, "__name__", str(node.target)).lower()
@@ -265,15 +276,6 @@ def _restore_buffers(buffers: list[torch.Tensor], kept: list[torch.Tensor]) -> N
                 b.data.copy_(value)  # ``.data``: a view with a version counter of its own
 
 
-def _rng_state(args: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The CPU RNG state, and the CUDA one of the stage's device when it computes on CUDA."""
-    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-    cuda = (
-        torch.cuda.get_rng_state(device) if device is not None and device.type == "cuda" else None
-    )
-    return torch.get_rng_state(), cuda
-
-
 # [Note: pipeline recomputation]
 # With PopART's automatic recomputation (``_Popart.set("autoRecomputation", 3)``,
 # RecomputationType.Pipeline, in pipelined training; or 4, RecomputeAll) a stage does not keep
@@ -283,11 +285,8 @@ def _rng_state(args: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
 # autograd before differentiating it. That trades one more forward per micro-batch for memory (see poptorch_sim.memory). The
 # recomputed forward replays the RNG state of the original (dropout draws the same masks) and
 # leaves buffers as the original forward left them (running statistics are updated once).
-# The RNG is the process-wide one: so that no other stage draws between the saved state and a
-# stage's own draws, the forward and the recomputation of stages with random ops hold one
-# process-wide lock (they do not overlap each other; stages without random ops are not held,
-# and their recomputation leaves the RNG alone: restoring it on their own thread would undo
-# the draws another stage made meanwhile).
+# The state replayed is the one the forward started from, in the micro-batch's stream (See
+# [Note: a random stream per model] in rng.py); stages without random ops replay nothing.
 
 # [Note: restoring buffers after recomputation]
 # The recomputed forward records the graph that backward then differentiates, and that graph

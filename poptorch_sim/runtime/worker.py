@@ -32,6 +32,7 @@ from .actions import Action, ActionKind
 from .cores import CoreBudget
 from .failure import StageFailure, graph_node_of
 from .intra_op import release_team, set_worker_threads
+from .rng import MicroBatchStream
 from .routes import HOST, Routes
 from .stage import StageExecutor
 from .threads import POLL_S, attempt
@@ -67,6 +68,7 @@ class Job:
     lend: bool = False  # compute actions borrow their threads from the worker's budget
     recount: bool = False  # show the thread count on the trace again (other workers ran since)
     into: tuple[dict[str, torch.Tensor], ...] | None = None  # per mb: outputs' destinations
+    streams: tuple[MicroBatchStream, ...] | None = None  # per mb: its random stream
 
 
 @dataclass(frozen=True)
@@ -344,7 +346,8 @@ class IpuWorker:
         elif kind is ActionKind.F:
             inputs = self._held.pop((ActionKind.RECV_F, s, m))
             into = job.into[m] if job.into is not None else None
-            outputs = self.stages[s].forward(m, inputs, into)  # type: ignore[arg-type]
+            stream = job.streams[m] if job.streams is not None else None
+            outputs = self.stages[s].forward(m, inputs, into, stream)  # type: ignore[arg-type]
             self._held[(kind, s, m)] = dict(outputs)
         elif kind is ActionKind.SEND_F:
             self._send_activations(s, m, job)

@@ -2,7 +2,10 @@
 
 The first snapshot of an optimizer records the names of its group and optimizer attributes;
 ``setOptimizer``'s snapshots report any name outside those (as a warning, or at debug level with
-``Options.relaxOptimizerAttributesChecks``), since the compiled model cannot use it.
+``Options.relaxOptimizerAttributesChecks``), once per message and model, as PopTorch's
+``OptimizerAttrTracker`` does, since the compiled model cannot use it. An LR scheduler made
+after the model was wrapped adds ``initial_lr`` to the groups and ``step`` to the optimizer:
+PopTorch reports those too.
 """
 
 from __future__ import annotations
@@ -13,9 +16,7 @@ from ...logger import logger
 
 __all__ = ["known_attrs", "report_unexpected"]
 
-# Names that are never "unexpected": torch's LR schedulers add ``initial_lr`` to every group.
-_BENIGN_GROUP_ATTRS = frozenset({"initial_lr"})
-_NOT_OPTIMIZER_ATTRS = frozenset({"defaults", "state", "param_groups", "variable_attrs", "step"})
+_NOT_OPTIMIZER_ATTRS = frozenset({"defaults", "state", "param_groups", "variable_attrs"})
 
 
 def known_attrs(optimizer: torch.optim.Optimizer) -> tuple[frozenset[str], frozenset[str]]:
@@ -24,7 +25,7 @@ def known_attrs(optimizer: torch.optim.Optimizer) -> tuple[frozenset[str], froze
     >>> groups, attrs = known_attrs(torch.optim.SGD([torch.zeros(1)], lr=0.1)); "lr" in groups
     True
     """
-    group_names = frozenset(_group_attr_names(optimizer)) | _BENIGN_GROUP_ATTRS
+    group_names = frozenset(_group_attr_names(optimizer))
     return group_names, frozenset(_optimizer_attr_names(optimizer))
 
 
@@ -34,6 +35,7 @@ def report_unexpected(
     known_group: frozenset[str],
     known_optimizer: frozenset[str],
     relax_checks: bool,
+    reported: set[str] | None = None,
 ) -> None:
     """Report attributes outside the first snapshot's: the device ignores them.
 
@@ -42,6 +44,7 @@ def report_unexpected(
         variant: its snapshot's ``variant`` (named in the message).
         known_group, known_optimizer: the names ``known_attrs`` gave for the first snapshot.
         relax_checks: log at debug level instead of as warnings.
+        reported: the messages already given for this model (not given again; updated).
 
     >>> report_unexpected(opt, "SGD2", *known_attrs(opt), relax_checks=False)
     """
@@ -53,9 +56,12 @@ def report_unexpected(
     for i, group in enumerate(optimizer.param_groups):
         extra = [k for k in group if k != "params" and k not in known_group]
         found.append((f"group {i} attribute", extra))
+    seen = reported if reported is not None else set()
     for what, extra in found:
-        if extra:
-            log(f"Ignoring unexpected {what} in {variant} optimizer: {extra}")
+        message = f"Ignoring unexpected {what} in {variant} optimizer: {extra}"
+        if extra and message not in seen:
+            log(message)
+            seen.add(message)
 
 
 def _group_attr_names(optimizer: torch.optim.Optimizer) -> set[str]:

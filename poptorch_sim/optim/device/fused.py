@@ -89,7 +89,8 @@ class FusedOptimizer:
         self.loss_scaling = float(loss_scaling)
         self.max_grad_norm = float(max_grad_norm)
         self.param_groups: list[dict[str, Any]] = []
-        # Also resets `_kept`, per group: (state version, params, their state dicts) last step.
+        # Also resets `_kept`, per group: (state version, params, their state dicts, the state
+        # names asked for) at the last step.
         self.state = ParamStateDict()
         items = list(params)
         groups = items if items and isinstance(items[0], dict) else [{"params": items}]
@@ -257,7 +258,7 @@ class FusedOptimizer:
     @state.setter
     def state(self, value: dict[Tensor, dict[str, Any]]) -> None:
         self._state = value if isinstance(value, ParamStateDict) else ParamStateDict(value)
-        self._kept: dict[int, tuple[int, list[Tensor], list[dict[str, Any]]]] = {}
+        self._kept: dict[int, tuple[int, list[Tensor], list[dict[str, Any]], frozenset[str]]] = {}
 
     def _init_moments(self, group: dict[str, Any], params: list[Tensor],
                       names: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:  # fmt: skip
@@ -267,10 +268,10 @@ class FusedOptimizer:
         params change (see ``ParamStateDict``).
         """
         kept = self._kept.get(id(group))
+        want = frozenset({"step", *(name for name, _ in names)})
         if (kept is not None and kept[0] == self.state.version and len(kept[1]) == len(params)
-                and all(map(operator.is_, kept[1], params))):  # fmt: skip
+                and kept[3] == want and all(map(operator.is_, kept[1], params))):  # fmt: skip
             return kept[2]
-        want = {"step", *(name for name, _ in names)}
         states = []
         for p in params:
             st = self.state.get(p)
@@ -285,7 +286,7 @@ class FusedOptimizer:
                     if st.get(name) is None:
                         st[name] = self._zeros(p, order)
             states.append(st)
-        self._kept[id(group)] = (self.state.version, list(params), states)
+        self._kept[id(group)] = (self.state.version, list(params), states, want)
         return states
 
     def _step_adam(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor],

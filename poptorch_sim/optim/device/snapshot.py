@@ -166,6 +166,7 @@ def snapshot(
     previous: OptimizerSnapshot | None = None,
     auto_loss_scaling: bool = False,
     relax_checks: bool = False,
+    reported: set[str] | None = None,
 ) -> OptimizerSnapshot:
     """Freeze ``optimizer``'s hyper-parameters into an ``OptimizerSnapshot``.
 
@@ -179,6 +180,8 @@ def snapshot(
         auto_loss_scaling: automatic loss scaling is on (makes ``loss_scaling`` variable).
         relax_checks: report unexpected attributes at debug level instead of as warnings
             (``Options.relaxOptimizerAttributesChecks``).
+        reported: the unexpected-attribute messages already given for this model (each is
+            given once; the set is updated).
 
     Raises:
         AssertionError: unsupported optimizer type; RMSprop groups that disagree on
@@ -201,6 +204,13 @@ def snapshot(
     groups = tuple(
         _read_group(g, kind, idx, is_const) for g, idx in zip(optimizer.param_groups, indices)
     )
+    if previous is not None and len(previous.groups) == len(groups):
+        known = previous.known_group_attrs
+        defaults = _ignore_unexpected(defaults, previous.defaults, optimizer.defaults, known)
+        groups = tuple(
+            _ignore_unexpected(new, old, raw, known)
+            for new, old, raw in zip(groups, previous.groups, optimizer.param_groups)
+        )
     extras = _read_optimizer_attrs(optimizer, kind)
     loss_scaling = _number(getattr(optimizer, "loss_scaling", 1.0), "loss_scaling")
     if variable_attrs is not None:
@@ -221,7 +231,7 @@ def snapshot(
     )
     if previous is not None:
         report_unexpected(optimizer, snap.variant, snap.known_group_attrs,
-                          snap.known_optimizer_attrs, relax_checks)  # fmt: skip
+                          snap.known_optimizer_attrs, relax_checks, reported)  # fmt: skip
     logger.debug("Optimizer snapshot %s", snap)
     return snap
 
@@ -316,6 +326,19 @@ def _read_group(
         values[name] = _pair(value, name) if name == "betas" else _number(value, name)
     constant = frozenset(k for k, v in values.items() if is_const(k, v))
     return GroupSnapshot(params, MappingProxyType(values), constant)
+
+
+def _ignore_unexpected(
+    new: GroupSnapshot, old: GroupSnapshot, raw: Mapping[str, Any], known: frozenset[str]
+) -> GroupSnapshot:
+    """``new`` with the values of the attributes the first snapshot did not know (reported as
+    "Ignoring unexpected group i attribute") as ``old`` had them: the device ignores them."""
+    ignored = [name for name in new.values if name in raw and name not in known]
+    if not ignored:
+        return new
+    values = {**new.values, **{name: old.values[name] for name in ignored}}
+    constant = (new.constant - set(ignored)) | (old.constant & set(ignored))
+    return GroupSnapshot(new.params, MappingProxyType(values), frozenset(constant))
 
 
 def _number(value: Any, name: str) -> Any:
