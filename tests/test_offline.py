@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -191,3 +193,19 @@ def test_bert_like_model_on_meta_pipelined() -> None:
     assert [m.ipu for m in meta.ipus] == [0, 1, 2, 3]
     _same_reports(memory_report(real), meta)
     real.destroy()
+
+
+@pytest.mark.slow  # about 2 minutes: BERT-Large and ResNet-50 at full size, twice each
+def test_the_published_configurations_fit() -> None:
+    # They ran on hardware (MLPerf Training v1.0 / v1.1), so none may be out of memory.
+    pytest.importorskip("transformers")
+    pytest.importorskip("torchvision")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from published import CONFIGURATIONS, compile_published
+
+    for config in CONFIGURATIONS:
+        model = compile_published(config)
+        report = memory_report(model)
+        model.destroy()
+        assert not report.over_limit, (config.name, str(report))
+        assert report.settings["recomputation"], config.name

@@ -40,9 +40,11 @@ recomputed op just before the gradient ops that consume it, so an IPU recomputes
 differentiates the last segment, frees its activations, then the one before, and so on: the
 transient on top of the kept values is the *largest segment's* saved bytes, not the stage's.
 Graphcore's pipelined BERT marks every encoder layer's output, so a stage of 7 layers holds
-one layer's activations in backward (BERT-Large, micro-batch 2, sequence 512, FP16: about
-140 MiB), not seven (about 970 MiB, which put each IPU of the [3, 7, 7, 7] split that ran
-MLPerf's 4-IPU configuration at 160-175% of its memory). Without marks the stage is one
+one layer's activations in backward, not seven. BERT-Large at micro-batch 2, sequence 512,
+FP16, as MLPerf ran it on [3, 7, 7, 7] (``benchmarks/published``): one layer saves 52 MiB
+(without dropout on the attention probabilities, Graphcore's setting; 138 MiB with
+transformers' default 0.1), so counting seven put the IPUs at 94-98% of their memory (about 160-175%
+with the default dropout) where they hold 51-63% (60-72%). Without marks the stage is one
 segment. The count is the same at compile (``SavedBytes.segments`` on the recomputation of the
 stage's forward, ``activations.py``) and in a measured run (``probe.py``).
 Simulated: the simulator recomputes every segment before differentiating any (one
