@@ -57,9 +57,10 @@ class StageActivations:
         method: ``"fake"`` or ``"real"`` (ran on the first micro-batch), or ``"failed: ..."``.
         checkpoints: bytes of the values marked with ``recomputationCheckpoint`` that are not
             inputs (recomputation keeps them too).
-        recomputed: bytes saved for backward by the recomputation in backward, where it
-            differs from ``saved`` (marked values: ops after a mark save the stashed copy);
-            None: the same as ``saved``.
+        recomputed: bytes saved for backward by the largest segment between marks of the
+            recomputation in backward (an IPU recomputes one segment at a time, see [Note:
+            recomputing one segment at a time] in ``estimate.py``); None: no marks, the
+            same as ``saved``.
     """
 
     stage: int
@@ -118,12 +119,13 @@ def _count(
     stashed: list[torch.Tensor] | None = None,
 ) -> tuple[Any, int, list[torch.Tensor]]:
     """Run ``call``: its result, the bytes autograd saved, the values it marked (``stashed``:
-    run as the recomputation that substitutes them)."""
+    run as the recomputation that substitutes them, counting its largest segment)."""
     counter = SavedBytes(storage_key(w) for w in weights)
     marks = Checkpoints(stashed)
-    with running_on_ipu(), torch.set_grad_enabled(training), counter.saving(), marks:
+    counting = counter.saving() if stashed is None else counter.segments()
+    with running_on_ipu(), torch.set_grad_enabled(training), counting, marks:
         result = call()
-    return result, counter.total(), marks.kept
+    return result, counter.total() if stashed is None else counter.largest_segment(), marks.kept
 
 
 def _input_bytes(values: Sequence[Any]) -> int:
@@ -248,7 +250,7 @@ def model_activations(
     leaves, spec = pytree.tree_flatten((args, kwargs))
     tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
 
-    def run(fake: bool) -> int:
+    def run(fake: bool) -> tuple[int, int, int | None]:
         shadows = _Shadows() if fake else None
         vals = [shadows.value(v) if shadows else v for v in leaves]
         a, kw = pytree.tree_unflatten(vals, spec)
@@ -261,16 +263,19 @@ def model_activations(
                     return functional_call(model, state, tuple(a), kw, strict=False)
             return model(*a, **kw)
 
-        return _count(call, weights, training)[1]
+        _, saved, marked = _count(call, weights, training)
+        recomputed = _count(call, weights, training, marked)[1] if marked and training else None
+        return saved, _checkpoint_bytes(tensors, marked), recomputed
 
     work = sum(p.numel() for p in model.parameters()) * sum(t.numel() for t in tensors)
     order = (False, True) if work <= REAL_RUN_WORK else (True, False)
-    method, saved = "failed", 0
+    method, counts = "failed", (0, 0, None)
     for fake in order:
         try:
-            saved = run(True) if fake else restoring([model], lambda: run(False))
+            counts = run(True) if fake else restoring([model], lambda: run(False))
             method = "fake" if fake else "real"
             break
         except Exception as exc:
             method = f"failed: {type(exc).__name__}: {exc}"
-    return StageActivations(0, 0, saved, _input_bytes(tensors), method)
+    saved, marked, recomputed = counts
+    return StageActivations(0, 0, saved, _input_bytes(tensors), method, marked, recomputed)

@@ -134,7 +134,8 @@ class MemoryReport:
         ]
         if any(m.activations for m in self.ipus):
             kept = (
-                "inputs and checkpoints kept, plus one micro-batch recomputed in backward,"
+                "inputs and checkpoints kept, plus the largest segment of one micro-batch "
+                "recomputed in backward,"
                 if self.settings.get("recomputation")
                 else "saved for backward"
             )
