@@ -1,8 +1,9 @@
 """Runs Graphcore's model-garden applications, unmodified, on poptorch_sim and prints a table.
 
 For each application (``apps.APPS``): a scratch environment (created once, reused), the app's
-requirements installed where they install, its tests (pytest, JUnit XML) and its training
-command; every failure is sorted by ``classify.classify``. Invoked by ``run.sh``.
+requirements installed where they install, its whole test suite (pytest, JUnit XML, a time limit
+per test and one for the suite) and its training commands; every failure is sorted by
+``classify.classify``. Invoked by ``run.sh``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import site
 import subprocess
 import sys
@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from apps import APPS, NOT_ATTEMPTED, SKIPPED_REQUIREMENTS, App  # noqa: E402
+from apps import APPS, NOT_ATTEMPTED, SKIPPED_REQUIREMENTS, App, Train  # noqa: E402
 from classify import CLASSES, classify  # noqa: E402
+from process import STOPPED, TIMED_OUT_RC  # noqa: E402
+from process import run as _run  # noqa: E402
 
 _NAME = re.compile(r"^\s*([A-Za-z0-9_.\-]+)(\[[^\]]*\])?")
 
@@ -94,27 +96,6 @@ def _requirements(
     return lines
 
 
-def _run(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict[str, str]) -> int:
-    """Run ``cmd`` in its own process group, output to ``log``; -9 when it ran out of time
-    (interrupted, then killed a minute later if still running)."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)  # pytest still writes its report on Ctrl-C
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            with log.open("a") as tail:
-                tail.write(f"\n[model_garden] timed out after {timeout:.0f} s\n")
-            return -9
-
-
 def make_env(
     app: App, checkout: Path, project: Path, work: Path, clones: Path | None = None
 ) -> tuple[Path, Step]:
@@ -133,6 +114,7 @@ def make_env(
         # After the env's own site-packages: the app's pins win, the project fills the rest.
         Path(purelib, "poptorch_sim_project.pth").write_text("\n".join([str(project), *shared]))
     record = env_dir / "model_garden_install.json"
+    _test_plugins(python, work)
     if record.exists():  # installed by an earlier run: reuse (delete the folder to redo)
         done = json.loads(record.read_text())
         step.result, step.notes = done["result"], done["notes"]
@@ -190,6 +172,17 @@ def make_env(
     return python, step
 
 
+def _test_plugins(python: Path, work: Path) -> None:
+    """pytest-timeout in the environment: each test of a suite gets its own time limit."""
+    probe = [str(python), "-c", "import pytest_timeout"]
+    if subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+        return
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-deps"]
+    _run(
+        [*pip, "pytest-timeout"], work, work / "pytest-timeout-install.log", 900, dict(os.environ)
+    )
+
+
 def _stand_ins(python: Path, project: Path, step: Step) -> None:
     """Put the single-process Horovod stand-in on the path if the real one did not install."""
     probe = subprocess.run(
@@ -218,26 +211,52 @@ def _ini_python_paths(checkout: Path) -> list[str]:
     return []
 
 
-def run_tests(app: App, python: Path, checkout: Path, project: Path, work: Path, timeout: float):
-    """The app's pytest run, each failure classified."""
+_COLLECTED = re.compile(r"collected (\d+) items?")
+
+
+def run_tests(
+    app: App, python: Path, checkout: Path, project: Path, work: Path, limits: tuple[float, float]
+) -> Step:
+    """The app's whole pytest suite, each failure classified.
+
+    ``limits`` is ``(suite, case)``: seconds for the whole suite and for each test (a test past
+    its limit fails alone, as a hang; the suite past its limit is one more failure, and the
+    result says how many of the collected tests ran)."""
     step = Step(app.key, "tests: pytest " + " ".join(app.tests), "")
     if not app.tests:
         step.result = "no tests"
         return step
     xml = work / f"{app.key}-tests.xml"
     xml.unlink(missing_ok=True)
-    cmd = [str(python), "-m", "pytest", *app.tests, "-p", "no:cacheprovider", "-q", "-rN"]
+    cmd = [str(python), "-m", "pytest", *app.tests, "-p", "no:cacheprovider", "-rN"]
     cmd += ["--junitxml", str(xml), "-o", "junit_logging=all"]
+    cmd += [f"--timeout={limits[1]:.0f}", "--timeout-method=signal"]
     start = time.perf_counter()
     env = _env(app, python)
     env["PYTHONPATH"] = os.pathsep.join([*_ini_python_paths(checkout), env.get("PYTHONPATH", "")])
-    rc = _run(cmd, checkout / app.path, work / f"{app.key}-tests.log", timeout, env)
+    cwd = checkout / app.path
+    log = work / f"{app.key}-tests.log"
+    rc = _run(cmd, cwd, log, limits[0], env)
     step.seconds = time.perf_counter() - start
+    text = log.read_text(errors="replace")
     if not xml.exists():
-        text = (work / f"{app.key}-tests.log").read_text(errors="replace")[-4000:]
         step.result = f"no report (exit {rc})"
-        step.classes[classify(text, str(project))] += 1
+        step.classes[classify(text[-4000:], str(project), str(cwd))] += 1
         return step
+    counts = _read_cases(xml, step, str(project), str(cwd))
+    step.result = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped"))
+    collected = _COLLECTED.search(text)
+    ran = sum(counts.values())
+    if collected:
+        step.result += f" of {collected.group(1)} collected"
+    if rc == TIMED_OUT_RC:
+        step.result += f" (suite stopped at its {limits[0]:.0f} s limit after {ran} tests)"
+        step.classes[classify(text[-4000:], str(project), str(cwd))] += 1
+    return step
+
+
+def _read_cases(xml: Path, step: Step, project: str, cwd: str) -> Counter[str]:
+    """Outcome counts of a JUnit report; each failure classified into ``step``."""
     counts: Counter[str] = Counter()
     for case in ET.parse(xml).getroot().iter("testcase"):
         bad = case.find("failure")
@@ -250,29 +269,33 @@ def run_tests(app: App, python: Path, checkout: Path, project: Path, work: Path,
         else:
             counts["failed"] += 1
             text = (bad.get("message") or "") + "\n" + (bad.text or "")
-            kind = classify(text, str(project))
+            kind = classify(text, project, cwd)
             step.classes[kind] += 1
             if kind == "poptorch_sim":
                 step.notes.append(f"{case.get('name')}: {(bad.get('message') or '')[:160]}")
-    step.result = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped"))
-    if rc == -9:
-        step.result += " (stopped at the time limit)"
-    return step
+    return counts
 
 
-def run_train(app: App, python: Path, checkout: Path, project: Path, work: Path, timeout: float):
-    """The app's training command, its failure classified from the log's tail."""
-    step = Step(app.key, "train: " + " ".join(app.train), "")
-    log = work / f"{app.key}-train.log"
+def run_train(
+    app: App, train: Train, python: Path, checkout: Path, project: Path, work: Path, timeout: float
+) -> Step:
+    """One training command of the app, its failure classified from the log's tail."""
+    step = Step(app.key, "train: " + " ".join(train.argv), "")
+    log = work / f"{app.key}-train-{app.train.index(train)}.log"
     start = time.perf_counter()
-    rc = _run([str(python), *app.train], checkout / app.path, log, timeout, _env(app, python))
+    cwd = checkout / app.path
+    stop = (train.steps, train.steps_wanted) if train.steps else None
+    rc = _run([str(python), *train.argv], cwd, log, timeout, _env(app, python), stop)
     step.seconds = time.perf_counter() - start
     if rc == 0:
         step.result = "passed"
         return step
-    step.result = "failed" if rc != -9 else "stopped at the time limit"
+    if rc == STOPPED:
+        step.result = f"passed ({train.steps_wanted} steps, then stopped by the runner)"
+        return step
+    step.result = "failed" if rc != TIMED_OUT_RC else "stopped at the time limit"
     tail = log.read_text(errors="replace")[-6000:]
-    kind = classify(tail, str(project))
+    kind = classify(tail, str(project), str(cwd))
     step.classes[kind] += 1
     last = [line for line in tail.splitlines() if line.strip()][-1:] or [""]
     step.notes.append(last[0][:200])
@@ -317,8 +340,15 @@ def main() -> None:
         help="a folder of local git clones (e.g. examples-utils) for requirements given as "
         "git+https URLs, used where the URL cannot be reached",
     )
-    parser.add_argument("--test-timeout", type=float, default=1800)
-    parser.add_argument("--train-timeout", type=float, default=1200)
+    parser.add_argument(
+        "--test-timeout", type=float, default=4 * 3600, help="seconds for one app's whole suite"
+    )
+    parser.add_argument(
+        "--case-timeout", type=float, default=900, help="seconds for one test of a suite"
+    )
+    parser.add_argument(
+        "--train-timeout", type=float, default=1200, help="seconds for one training command"
+    )
     parser.add_argument("--clean", action="store_true", help="delete the environments at the end")
     args = parser.parse_args()
     checkout, project, work = args.checkout.resolve(), args.project.resolve(), args.work.resolve()
@@ -328,11 +358,15 @@ def main() -> None:
         app = APPS[key]
         python, installed = make_env(app, checkout, project, work, args.clones)
         steps.append(installed)
+        done = len(steps) - 1
         if "tests" in args.steps:
-            steps.append(run_tests(app, python, checkout, project, work, args.test_timeout))
-        if "train" in args.steps:
-            steps.append(run_train(app, python, checkout, project, work, args.train_timeout))
-        print(table(steps[-3:]).splitlines()[-1], flush=True)
+            limits = (args.test_timeout, args.case_timeout)
+            steps.append(run_tests(app, python, checkout, project, work, limits))
+        for train in app.train if "train" in args.steps else ():
+            steps.append(
+                run_train(app, train, python, checkout, project, work, args.train_timeout)
+            )
+        print("\n".join(table(steps[done:]).splitlines()[2:]), flush=True)
         if args.clean:
             shutil.rmtree(work / "envs" / app.key, ignore_errors=True)
     commit = subprocess.run(

@@ -7,9 +7,11 @@ Usage (PopTorch's tests are fetched into a scratch folder first; nothing of them
 ``POPTORCH_CHECKOUT`` is a folder holding PopTorch's ``tests/``. With no files, the 16 core files
 run; ``--all`` adds every other ``tests/*_test.py`` / ``test_*.py`` (and ``--gnn`` the ``gnn/``
 folder). Each file runs in its own ``pytest`` process with a junit XML report, a per-test timeout
-(pytest-timeout when importable, else faulthandler's dump) and a per-file wall limit. The table
-prints per file and in total: passed, failed, skipped, and each failure's class (rules in
-``rules.py``).
+(pytest-timeout when importable, else faulthandler's dump) and a per-file wall limit. The failed
+cases of a file then run a second time with the environment's obstacles removed
+(``second_pass.py``; ``--first-only`` skips it). The table prints per file and in total: passed,
+failed, skipped and each failure's class (rules in ``rules.py``) by the first error, then the
+same counts after the obstacles.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from benchmarks.poptorch_tests import second_pass
 from benchmarks.poptorch_tests.rules import CLASSES, REPRODUCTIONS, classify
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -63,6 +66,15 @@ class Case:
     cls: str = ""
     reason: str = ""
     message: str = ""
+    # The second pass (obstacles removed): "" where the case did not run again.
+    after: str = ""
+    after_cls: str = ""
+    after_reason: str = ""
+    after_message: str = ""
+
+    def final(self) -> tuple[str, str]:
+        """Outcome and class after the obstacles (the first ones where it did not run again)."""
+        return (self.after, self.after_cls) if self.after else (self.outcome, self.cls)
 
 
 @dataclass
@@ -74,8 +86,9 @@ class FileResult:
     cases: list[Case] = field(default_factory=list)
     note: str = ""
 
-    def count(self, outcome: str, cls: str | None = None) -> int:
-        return sum(1 for c in self.cases if c.outcome == outcome and (cls is None or c.cls == cls))
+    def count(self, outcome: str, cls: str | None = None, after: bool = False) -> int:
+        pairs = (c.final() if after else (c.outcome, c.cls) for c in self.cases)
+        return sum(1 for o, k in pairs if o == outcome and (cls is None or k == cls))
 
 
 def all_files(tests: Path, gnn: bool) -> list[str]:
@@ -95,8 +108,8 @@ def all_files(tests: Path, gnn: bool) -> list[str]:
     return CORE_FILES + rest
 
 
-def pytest_command(file: str, xml: Path, timeout: int) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", file]
+def pytest_command(targets: list[str], xml: Path, timeout: int) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *targets]
     cmd += [f"--junitxml={xml}", "-o", "junit_logging=no", "-rN", "--tb=line"]
     if importlib.util.find_spec("pytest_timeout") is not None:
         # Installed plugins load through their entry point; naming it with -p again is refused.
@@ -107,10 +120,12 @@ def pytest_command(file: str, xml: Path, timeout: int) -> list[str]:
     return cmd
 
 
-def run_file(tests: Path, file: str, out: Path, timeout: int, wall: int) -> FileResult:
-    """Run one file in its own pytest process and read its junit XML."""
-    xml = out / (file.replace("/", "__") + ".xml")
-    xml.unlink(missing_ok=True)
+def _stem(file: str) -> str:
+    return file.replace("/", "__")
+
+
+def _pytest(cmd: list[str], tests: Path, file: str, log: Path, wall: int, extra: dict) -> str:
+    """Run one pytest command from ``tests``; a note when it ran past ``wall`` seconds."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(PROJECT), str(tests)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -119,13 +134,11 @@ def run_file(tests: Path, file: str, out: Path, timeout: int, wall: int) -> File
     # Tests that re-run pytest call `python3`: make it this interpreter, as in PopTorch's CI
     # (a python3 found elsewhere on PATH lacks torch and the test dependencies).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    start = time.monotonic()
-    note = ""
-    log = out / (file.replace("/", "__") + ".log")
+    env.update(extra)
     with open(log, "w") as sink:
         try:
-            subprocess.run(
-                pytest_command(file, xml, timeout),
+            done = subprocess.run(
+                cmd,
                 cwd=tests,
                 env=env,
                 stdout=sink,
@@ -135,8 +148,56 @@ def run_file(tests: Path, file: str, out: Path, timeout: int, wall: int) -> File
                 preexec_fn=_default_sigint,
             )
         except subprocess.TimeoutExpired:
-            note = f"file stopped after {wall} s"
+            return f"file stopped after {wall} s"
+    return "usage error" if done.returncode == 4 else ""
+
+
+def run_file(tests: Path, file: str, out: Path, timeout: int, wall: int) -> FileResult:
+    """Run one file in its own pytest process and read its junit XML."""
+    xml = out / (_stem(file) + ".xml")
+    xml.unlink(missing_ok=True)
+    start = time.monotonic()
+    note = _pytest(
+        pytest_command([file], xml, timeout), tests, file, out / (_stem(file) + ".log"), wall, {}
+    )
     return read_report(out, FileResult(file, time.monotonic() - start, note=note))
+
+
+def run_again(checkout: Path, result: FileResult, out: Path, timeout: int, wall: int) -> None:
+    """Run ``result``'s failed cases again with the obstacles removed; record what they gave.
+
+    The cases run by node id; where pytest refuses one (a usage error), the whole file runs."""
+    failed = [c for c in result.cases if c.outcome == "failed"]
+    if not failed:
+        return
+    tests = second_pass.prepare_copy(checkout, out)
+    xml = out / (_stem(result.file) + ".after.xml")
+    log = out / (_stem(result.file) + ".after.log")
+    extra = {**second_pass.ENV}
+    plugin = ["-p", second_pass.PLUGIN]
+    targets = [second_pass.node_id(result.file, c.name) for c in failed]
+    for chosen in (targets, [result.file]):
+        xml.unlink(missing_ok=True)
+        cmd = pytest_command(chosen, xml, timeout) + plugin
+        note = _pytest(cmd, tests, result.file, log, wall, extra)
+        if note != "usage error":
+            break
+    if note:
+        result.note = (result.note + "; " if result.note else "") + "second pass: " + note
+    read_after(out, result)
+
+
+def read_after(out: Path, result: FileResult) -> None:
+    """Fill the ``after`` fields of ``result``'s failed cases from the second pass's XML."""
+    xml = out / (_stem(result.file) + ".after.xml")
+    if not xml.exists():
+        return
+    again = {c.name: c for c in map(read_case, ET.parse(xml).getroot().iter("testcase"))}
+    for case in result.cases:
+        later = again.get(case.name)
+        if case.outcome == "failed" and later is not None:
+            case.after, case.after_cls = later.outcome, later.cls
+            case.after_reason, case.after_message = later.reason, later.message
 
 
 def _default_sigint() -> None:
@@ -148,11 +209,12 @@ def _default_sigint() -> None:
 
 def read_report(out: Path, result: FileResult) -> FileResult:
     """``result`` with its cases read (and classified) from the file's junit XML in ``out``."""
-    xml = out / (result.file.replace("/", "__") + ".xml")
+    xml = out / (_stem(result.file) + ".xml")
     if not xml.exists():
         result.note = result.note or "no junit report (see its .log)"
         return result
     result.cases = [read_case(case) for case in ET.parse(xml).getroot().iter("testcase")]
+    read_after(out, result)
     return result
 
 
@@ -183,18 +245,21 @@ def _order(result: FileResult) -> tuple[int, str]:
     return (CORE_FILES.index(result.file) if core else len(CORE_FILES), result.file)
 
 
-def print_table(results: list[FileResult], markdown: bool = False) -> None:
+def print_table(results: list[FileResult], markdown: bool = False, after: bool = False) -> None:
+    """Counts per file and in total: by the first error, or ``after`` the obstacles."""
     results = sorted(results, key=_order)
     head = ["file", "passed", "failed", "skipped", *CLASSES]
     rows = [head]
     for r in results:
         rows.append(
             [r.file + (f" ({r.note})" if r.note else "")]
-            + [str(r.count(o)) for o in ("passed", "failed", "skipped")]
-            + [str(r.count("failed", c)) for c in CLASSES]
+            + [str(r.count(o, after=after)) for o in ("passed", "failed", "skipped")]
+            + [str(r.count("failed", c, after=after)) for c in CLASSES]
         )
     total = ["total"] + [str(sum(int(row[i]) for row in rows[1:])) for i in range(1, len(head))]
     rows.append(total)
+    if not markdown:
+        print("after the obstacles:" if after else "by the first error:")
     if markdown:
         for i, row in enumerate(rows):
             print("| " + " | ".join(row) + " |")
@@ -206,22 +271,26 @@ def print_table(results: list[FileResult], markdown: bool = False) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
 
 
-def print_failures(results: list[FileResult], markdown: bool = False) -> None:
+def print_failures(results: list[FileResult], markdown: bool = False, after: bool = False) -> None:
+    """Each failure (by the first error, or ``after`` the obstacles) with its class."""
+    failures = []
+    for r in sorted(results, key=_order):
+        for c in r.cases:
+            outcome, cls = c.final() if after else (c.outcome, c.cls)
+            reason = (c.after_reason if c.after else c.reason) if after else c.reason
+            if outcome == "failed":
+                failures.append((c.name, cls, reason))
     if markdown:  # one row per test function and reason
         groups: dict[tuple[str, str, str], int] = {}
-        for r in sorted(results, key=_order):
-            for c in r.cases:
-                if c.outcome == "failed":
-                    key = (c.name.split("[")[0], c.cls, c.reason)
-                    groups[key] = groups.get(key, 0) + 1
+        for name, cls, reason in failures:
+            key = (name.split("[")[0], cls, reason)
+            groups[key] = groups.get(key, 0) + 1
         print("| test | cases | class | reason |\n|---|---|---|---|")
         for (name, cls, reason), n in groups.items():
             print(f"| `{name}` | {n} | {cls} | {reason.replace('|', '/')} |")
         return
-    for r in results:
-        for c in r.cases:
-            if c.outcome == "failed":
-                print(f"{c.cls:10} {c.name}  -- {c.reason}")
+    for name, cls, reason in failures:
+        print(f"{cls:10} {name}  -- {reason}")
 
 
 def show_torch() -> None:
@@ -233,7 +302,15 @@ def show_torch() -> None:
         print(f"{name}: exit {done.returncode}: {last}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _report(results: list[FileResult], markdown: bool, failures: bool) -> None:
+    """Both tables (and failure lists): by the first error, then after the obstacles."""
+    for after in (False, True):
+        print_table(results, markdown, after)
+        if failures:
+            print_failures(results, markdown, after)
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkout", type=Path, help="folder holding PopTorch's tests/")
     parser.add_argument("files", nargs="*", help="test files (default: the 16 core files)")
@@ -252,15 +329,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report",
         action="store_true",
-        help="print the table of --out's summary.json; run nothing",
+        help="print the tables of --out's summary.json; run nothing",
+    )
+    passes = parser.add_mutually_exclusive_group()
+    passes.add_argument("--first-only", action="store_true", help="no second pass")
+    passes.add_argument(
+        "--again-only",
+        action="store_true",
+        help="only the second pass, of the failures --out's summary.json holds",
     )
     args = parser.parse_intermixed_args(argv)
+    if not args.show_torch and not (args.checkout / "tests" / "conftest.py").exists():
+        parser.error(f"{args.checkout} holds no PopTorch tests/conftest.py")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
     if args.show_torch:
         show_torch()
         return 0
     tests = args.checkout / "tests"
-    if not (tests / "conftest.py").exists():
-        parser.error(f"{args.checkout} holds no PopTorch tests/conftest.py")
     files = args.files or (all_files(tests, args.gnn) if args.all else CORE_FILES)
     args.out.mkdir(parents=True, exist_ok=True)
     summary = args.out / "summary.json"
@@ -269,24 +358,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:  # classified again: the rules may have changed since the run
         chosen = set(args.files) if args.files else None
         results = [read_report(args.out, r) for r in results if chosen is None or r.file in chosen]
-        print_table(results, args.markdown)
-        if args.failures:
-            print_failures(results, args.markdown)
+        _report(results, args.markdown, args.failures)
         return 0
+    known = {r.file: r for r in results}
     for file in files:
-        results = [x for x in results if x.file != file]
-        results.append(run_file(tests, file, args.out, args.timeout, args.wall))
-        r = results[-1]
+        if args.again_only and file not in known:
+            continue
+        r = (
+            known[file]
+            if args.again_only
+            else run_file(tests, file, args.out, args.timeout, args.wall)
+        )
+        if not args.first_only:
+            run_again(args.checkout, r, args.out, args.timeout, args.wall)
+        results = [x for x in results if x.file != file] + [r]
         print(
-            f"{file}: {r.count('passed')} passed, {r.count('failed')} failed"
-            f" in {r.seconds:.0f} s {r.note}",
+            f"{file}: {r.count('passed')} passed, {r.count('failed')} failed; after the"
+            f" obstacles {r.count('passed', after=True)} passed, {r.count('failed', after=True)}"
+            f" failed; in {r.seconds:.0f} s {r.note}",
             file=sys.stderr,
             flush=True,
         )
         summary.write_text(json.dumps([asdict(x) for x in results], indent=1))
-    print_table(results)
-    if args.failures:
-        print_failures(results)
+    _report(results, False, args.failures)
     return 0
 
 

@@ -1,0 +1,175 @@
+"""The compatibility runners' own logic: the model garden's classifier and process runner, and
+the second pass of PopTorch's test suite (its node ids, its patched copy, its plugin)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks" / "model_garden"))
+
+import classify as garden_classify  # noqa: E402
+import process as garden_process  # noqa: E402
+
+from benchmarks.poptorch_tests import second_pass  # noqa: E402
+
+PROJECT = "/src/poptorch_sim_checkout"
+APP = "/src/examples/multimodal/CLIP/pytorch"
+
+
+def _classify(text: str, cwd: str | None = APP) -> str:
+    return garden_classify.classify(text, PROJECT, cwd)
+
+
+# -- the garden's classifier ------------------------------------------------------------------
+def test_a_run_stopped_at_the_runners_limit_is_poptorch_sims() -> None:
+    log = "Loading the data\n\n[model_garden] timed out after 1200 s\n"
+    assert _classify(log) == "poptorch_sim"
+
+
+def test_a_test_stopped_by_pytest_timeout_is_poptorch_sims() -> None:
+    text = "Failed: Timeout >900.0s\n\ntests/cpu_ipu_test.py:40: in test_x\n    run()\n"
+    assert _classify(text) == "poptorch_sim"
+
+
+def test_a_missing_file_earlier_in_a_hung_log_is_no_reason() -> None:
+    log = "FileNotFoundError: ./data/x.csv (ignored)\n...\n[model_garden] timed out after 60 s\n"
+    assert _classify(log) == "poptorch_sim"
+
+
+def test_a_download_that_stalled_is_the_environments() -> None:
+    log = "urllib.error.URLError: <urlopen error>\n[model_garden] timed out after 60 s\n"
+    assert _classify(log) == "environment"
+
+
+def test_a_relative_frame_into_the_project_is_the_projects() -> None:
+    # pytest prints frames relative to where it ran: here from the app's folder.
+    text = (
+        "RuntimeError: one of the variables needed for gradient computation has been modified\n"
+        "model.py:120: in forward\n    x = self.attn(x)\n"
+        "../../../../poptorch_sim_checkout/poptorch_sim/runtime/stage.py:88: in backward\n"
+        "    loss.backward()\n"
+    )
+    assert _classify(text) == "poptorch_sim"
+    assert _classify(text, cwd=None) == "poptorch_sim"
+
+
+def test_an_absolute_frame_into_the_project_is_the_projects() -> None:
+    text = f'File "{PROJECT}/poptorch_sim/executor/eager.py", line 3, in run\nValueError: x\n'
+    assert _classify(text) == "poptorch_sim"
+
+
+def test_the_apps_own_frame_and_an_installed_package_keep_their_classes() -> None:
+    app = "model.py:120: in forward\n    x = y\nTypeError: bad operand\n"
+    assert _classify(app) == "app"
+    installed = "../../venv/lib/python3.11/site-packages/attrdict/mapping.py:4: in <module>\n"
+    assert _classify(installed + "ImportError: cannot import name 'Mapping'") == "environment"
+
+
+def test_a_frame_of_another_poptorch_sim_checkout_is_not_this_projects() -> None:
+    text = 'File "/elsewhere/poptorch_sim/x.py", line 3, in f\nValueError: x\n'
+    assert _classify(text) == "app"
+
+
+# -- the garden's process runner --------------------------------------------------------------
+def test_the_runner_stops_a_command_once_it_has_logged_enough_steps(tmp_path: Path) -> None:
+    script = "import time\nfor i in range(1000):\n    print(f'Step: {i}', flush=True)\n"
+    script += "    time.sleep(0.05)\n"
+    log = tmp_path / "train.log"
+    rc = garden_process.run(
+        [sys.executable, "-c", script], tmp_path, log, 600, {}, stop_after=(r"Step: \d+", 2)
+    )
+    assert rc == garden_process.STOPPED
+    assert "stopped after 2 steps" in log.read_text()
+
+
+def test_the_runner_marks_a_command_that_ran_out_of_time(tmp_path: Path) -> None:
+    log = tmp_path / "hang.log"
+    cmd = [
+        sys.executable,
+        "-c",
+        "import time; print('Loading the data', flush=True); time.sleep(600)",
+    ]
+    rc = garden_process.run(cmd, tmp_path, log, 1, {})
+    assert rc == garden_process.TIMED_OUT_RC
+    assert garden_classify.classify(log.read_text(), PROJECT) == "poptorch_sim"
+
+
+# -- the second pass of PopTorch's tests ------------------------------------------------------
+@pytest.mark.parametrize(
+    ("case", "node"),
+    [
+        ("tests.misc_test::test_a[trace_model:True]", "misc_test.py::test_a[trace_model:True]"),
+        ("options_test::test_b", "options_test.py::test_b"),
+        ("tests.options_test.TestX::test_c", "options_test.py::TestX::test_c"),
+        ("tests.gnn.nn.test_conv.TestY::test_d", "gnn/nn/test_conv.py::TestY::test_d"),
+    ],
+)
+def test_a_junit_case_becomes_its_node_id(case: str, node: str) -> None:
+    file = node.split("::")[0]
+    assert second_pass.node_id(file, case) == node
+
+
+_OPTIONS_TEST = (
+    "def test_load():\n"
+    "    message = 'x'\n"
+    '    assert "SyntaxError at line 5 of tmp.conf: unexpected EOF " \\\n'
+    '           "while parsing\\n" \\\n'
+    '           "> options.outputMode(poptorch.OutputMode.All" in message\n'
+)
+
+
+def test_the_copy_accepts_the_newer_syntax_error_wording(tmp_path: Path) -> None:
+    checkout = tmp_path / "poptorch"
+    (checkout / "tests").mkdir(parents=True)
+    (checkout / "python").mkdir()
+    (checkout / "tests" / "options_test.py").write_text(_OPTIONS_TEST)
+    tests = second_pass.prepare_copy(checkout, tmp_path / "out")
+    text = (tests / "options_test.py").read_text()
+    wanted = "SyntaxError at line 5 of tmp.conf: '(' was never closed\\n\" \\\n"
+    assert wanted in text, text
+    compile(text, "options_test.py", "exec")  # still Python
+    assert (tests.parent / "python").resolve() == (checkout / "python").resolve()
+    assert "unexpected EOF" in (checkout / "tests" / "options_test.py").read_text()
+
+
+_PLUGIN_CHECK = """
+import sys, types
+helpers = types.ModuleType("helpers")
+class LogChecker:
+    def __init__(self, log):
+        self._log = log
+    def assert_contains(self, *s):
+        raise AssertionError("missing")
+class LogIterator:
+    def __init__(self, lines):
+        self._lines, self._all_checks = lines, []
+    def _findNext(self, exprs):
+        return next((x for x in self._lines if all(e in x for e in exprs)), None)
+    def findNext(self, *exprs):
+        raise AssertionError("missing")
+helpers.LogChecker, helpers.LogIterator = LogChecker, LogIterator
+sys.modules["helpers"] = helpers
+import torch.utils.data
+from benchmarks.poptorch_tests import obstacles
+obstacles.pytest_configure(None)
+class OldSampler(torch.utils.data.Sampler):
+    def __init__(self, data):
+        super().__init__(data)
+OldSampler(range(4))
+LogChecker("").assert_contains("popart")
+assert LogIterator(["a b", "c"]).findNext("c") == "c"
+assert LogIterator(["a"]).findNext("z") == ""
+print("ok")
+"""
+
+
+def test_the_plugin_restores_the_sampler_signature_and_passes_log_checks() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _PLUGIN_CHECK], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
