@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 from ..enums import SharingStrategy
 from ..errors import createPoptorchError
 from ..logger import logger
+from .epoch_source import EpochSource
 from .prefetch import Item
-from .rebatch import check_batch, rebatch
 from .worker_process import WorkerProcess
-from .workers import shutdown_workers
 
 __all__ = ["AsynchronousDataAccessor"]
 
@@ -33,34 +31,39 @@ class AsynchronousDataAccessor:
     dataset reaches the caller unchanged (same type and message, with a note saying where it was
     raised), at the batch where it happened.
 
-    As PopTorch's, the accessor forks a worker process that iterates ``dataset`` (a DataLoader's
-    own worker processes are its children) and hands batches over in shared memory through a
-    ring of ``buffer_size`` slots; see [Note: the accessor's worker process] in
+    As PopTorch's, the accessor starts a worker process, as ``sharing_strategy`` says, that
+    iterates ``dataset`` (a DataLoader's own worker processes are its children) and hands batches
+    over in shared memory through a ring of ``buffer_size`` slots; see [Note: sharing
+    strategies] in ``sharing.py``, [Note: the accessor's worker process] in
     ``worker_process.py`` and [Note: prefetch epochs] in ``prefetch.py``. The dataset is used in
-    the worker: changes the parent makes to it after the accessor starts are not seen.
+    the worker: changes the parent makes to it after the accessor starts are not seen. The
+    worker starts from the parent's torch and Python random states, whatever the strategy.
 
     Simulated: PopTorch returns views of its ring buffer, which later batches overwrite; here
-    each batch is copied out of its slot into memory of its own and is never overwritten. The worker is
-    always forked (``sharing_strategy`` is checked, not used), and ``miss_sleep_time_in_ms`` is
-    accepted but has no effect (waits poll every 50 ms).
+    each batch is copied out of its slot into memory of its own and is never overwritten. The
+    worker runs torch on one thread (as torch's data-loader workers do), and
+    ``miss_sleep_time_in_ms`` is accepted but has no effect (waits poll every 50 ms).
 
     Args:
         dataset: any iterable: a ``poptorch.DataLoader``, a torch ``DataLoader``, a
             ``torch.utils.data.Dataset`` or ``IterableDataset``. Each element must be a tensor,
-            a flat list/tuple of tensors or a dict of tensors.
+            a flat list/tuple of tensors, a dict of tensors or an object of a type registered
+            with ``poptorch.registerCustomArgParser``.
         buffer_size: how many batches to load ahead (default 3).
         miss_sleep_time_in_ms: accepted for compatibility (default 0.1).
         load_indefinitely: start loading the next epoch as soon as one ends (default True).
         early_preload: keep loading past the first batch before the first ``iter()``
             (default False: only the first batch is loaded at construction).
-        sharing_strategy: accepted for compatibility (default ``SharingStrategy.ForkServer``).
+        sharing_strategy: how the worker process is started and receives ``dataset``
+            (default ``SharingStrategy.ForkServer``; ``Fork`` forks this process).
         rebatched_size: if set, return batches of exactly this many rows, re-cut from the
             dataset's batches (must be > 1).
 
     Raises:
         poptorch.Error: ``dataset`` is a DataLoader already in ``Async`` mode; the dataset is
             empty; the dataset failed while loading its first element ("...failed to start",
-            chained to the original exception).
+            chained to the original exception); the dataset cannot be pickled for a
+            ``sharing_strategy`` other than ``Fork``.
         AssertionError: ``drop_last=False`` DataLoader without ``rebatched_size``;
             ``rebatched_size <= 1``.
 
@@ -83,7 +86,6 @@ class AsynchronousDataAccessor:
     ) -> None:
         self._worker: WorkerProcess | None = None
         _check_arguments(dataset, rebatched_size)
-        SharingStrategy(sharing_strategy)
         self.rebatched_size = rebatched_size
         self._embedded = getattr(dataset, "_embedding_accessor", False)
         # A DataLoader that owns this accessor is held weakly (it holds us); anything else
@@ -93,38 +95,34 @@ class AsynchronousDataAccessor:
         self._generation = 0
         self._used = False
         self._at_eof = False
-        self._start(buffer_size, load_indefinitely, early_preload)
+        self._start(
+            buffer_size, load_indefinitely, early_preload, SharingStrategy(sharing_strategy)
+        )
 
-    def _start(self, buffer_size: int, load_indefinitely: bool, early_preload: bool) -> None:
-        me = weakref.ref(self)
-        dataset_ref = self._dataset_ref
-        rebatched_size = self.rebatched_size
-
-        def open_epoch() -> Iterator[Any] | None:
-            if me() is None or (dataset := dataset_ref()) is None:
-                return None
-            return _epoch_iterator(dataset, rebatched_size)
-
-        def close_epoch(iterator: Iterator[Any] | None, final: bool) -> None:
-            try:
-                shutdown_workers(iterator, dataset_ref(), final)
-            except Exception as error:  # shutting down must not raise
-                logger.debug("AsynchronousDataAccessor: worker shutdown failed: %s", error)
-
+    def _start(
+        self,
+        buffer_size: int,
+        load_indefinitely: bool,
+        early_preload: bool,
+        sharing_strategy: SharingStrategy,
+    ) -> None:
         worker = WorkerProcess(
-            open_epoch,
-            close_epoch,
+            EpochSource(self._dataset_ref(), self.rebatched_size),
             buffer_size,
             load_indefinitely,
             early_preload,
-            check_batch,
+            sharing_strategy,
             name="poptorch_sim-AsynchronousDataAccessor",
         )
         self._worker = worker
         # Runs on terminate(), on garbage collection, and at interpreter exit (atexit) while
         # holding no reference to self.
         self._finalizer = weakref.finalize(self, worker.close)
-        result = worker.start()
+        try:
+            result = worker.start()
+        except BaseException:
+            self.terminate()
+            raise
         if result.kind == "ok":
             return
         self.terminate()
@@ -221,13 +219,3 @@ def _check_arguments(dataset: Any, rebatched_size: int | None) -> None:
             )
     if rebatched_size is not None and rebatched_size <= 1:
         raise AssertionError("rebatched_size must be None or greater than 1")
-
-
-def _epoch_iterator(dataset: Any, rebatched_size: int | None) -> Iterator[Any]:
-    """A fresh iterator over one epoch of ``dataset``, re-batched if asked."""
-    open_epoch = getattr(dataset, "_open_epoch", None)
-    iterator = open_epoch() if callable(open_epoch) else iter(dataset)
-    if rebatched_size is None:
-        return iterator
-    drop_last = getattr(dataset, "rebatched_drop_last", True)
-    return rebatch(iterator, rebatched_size, drop_last)

@@ -1,91 +1,16 @@
-"""Batch structures and re-batching: concatenating and splitting batches along the batch dimension.
+"""Re-batching: concatenating and re-cutting batches along the batch dimension.
 
-A *batch* here is what a torch ``DataLoader`` yields and what PopTorch's asynchronous loader
-accepts: a tensor, a flat list/tuple of tensors, or a dict of tensors. Dimension 0 of every
-tensor is the batch dimension.
+The batch structures themselves (tensors, flat containers, registered custom types) are
+``batch.py``'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator
 
-import torch
+from .batch import Batch, batch_rows, concat, map_batch
 
-__all__ = ["Batch", "check_batch", "batch_rows", "combine_batches", "rebatch"]
-
-Batch = (
-    Any  # torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...] | dict[Any, torch.Tensor]
-)
-
-
-def check_batch(batch: Batch) -> None:
-    """Check that ``batch`` is a tensor, a flat list/tuple of tensors or a dict of tensors.
-
-    Args:
-        batch: one element yielded by a dataset or a data loader.
-
-    Raises:
-        AssertionError: an element of the container is not a tensor (PopTorch's message).
-
-    >>> check_batch((torch.zeros(2), torch.ones(2)))
-    """
-    if isinstance(batch, torch.Tensor):
-        return
-    if isinstance(batch, dict):
-        values: Iterable[Any] = batch.values()
-    elif isinstance(batch, (list, tuple)):
-        values = batch
-    else:
-        values = [batch]
-    for index, value in enumerate(values):
-        if not isinstance(value, torch.Tensor):
-            raise AssertionError(
-                f"Tensor at index {index} is not a torch tensor ({type(value)}). "
-                "AsynchronousDataAccessor expects data to be organised as a flat 1D container "
-                "of tensors."
-            )
-
-
-def _tensors(batch: Batch) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, dict):
-        return list(batch.values())
-    return list(batch)
-
-
-def _map(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, dict):
-        return {key: fn(value) for key, value in batch.items()}
-    return type(batch)(fn(value) for value in batch)
-
-
-def _zip_map(batches: Sequence[Batch], fn: Callable[[list[torch.Tensor]], torch.Tensor]) -> Batch:
-    first = batches[0]
-    if isinstance(first, torch.Tensor):
-        return fn(list(batches))
-    if isinstance(first, dict):
-        return {key: fn([b[key] for b in batches]) for key in first}
-    columns = zip(*batches)
-    return type(first)(fn(list(column)) for column in columns)
-
-
-def batch_rows(batch: Batch) -> int:
-    """Number of rows (size of dimension 0) of ``batch``.
-
-    >>> batch_rows({"x": torch.zeros(3, 2), "y": torch.zeros(3)})
-    3
-    """
-    return len(_tensors(batch)[0])
-
-
-def _concat(batches: Sequence[Batch]) -> Batch:
-    if len(batches) == 1:
-        return batches[0]
-    return _zip_map(batches, torch.cat)
+__all__ = ["combine_batches", "rebatch"]
 
 
 def combine_batches(batches: Iterable[Batch], count: int, drop_last: bool) -> Iterator[Batch]:
@@ -99,6 +24,7 @@ def combine_batches(batches: Iterable[Batch], count: int, drop_last: bool) -> It
     Returns:
         An iterator of combined batches, in order.
 
+    >>> import torch
     >>> [b.tolist() for b in combine_batches([torch.tensor([i]) for i in range(5)], 2, True)]
     [[0, 1], [2, 3]]
     """
@@ -106,10 +32,10 @@ def combine_batches(batches: Iterable[Batch], count: int, drop_last: bool) -> It
     for batch in batches:
         group.append(batch)
         if len(group) == count:
-            yield _concat(group)
+            yield concat(group)
             group = []
     if group and not drop_last:
-        yield _concat(group)
+        yield concat(group)
 
 
 def rebatch(batches: Iterable[Batch], size: int, drop_last: bool) -> Iterator[Batch]:
@@ -126,6 +52,7 @@ def rebatch(batches: Iterable[Batch], size: int, drop_last: bool) -> Iterator[Ba
     Returns:
         An iterator of batches of ``size`` rows (plus possibly one shorter last batch).
 
+    >>> import torch
     >>> [b.tolist() for b in rebatch([torch.arange(3), torch.arange(3, 5)], 2, False)]
     [[0, 1], [2, 3], [4]]
     """
@@ -139,7 +66,7 @@ def rebatch(batches: Iterable[Batch], size: int, drop_last: bool) -> Iterator[Ba
             rows -= size
             yield head
     if rows and not drop_last:
-        yield _concat(pending)
+        yield concat(pending)
 
 
 def _take(pending: list[Batch], size: int) -> tuple[Batch, list[Batch]]:
@@ -152,9 +79,9 @@ def _take(pending: list[Batch], size: int) -> tuple[Batch, list[Batch]]:
             head.append(batch)
             needed -= rows
             if needed == 0:
-                return _concat(head), pending[index + 1 :]
+                return concat(head), pending[index + 1 :]
             continue
-        head.append(_map(batch, lambda t, n=needed: t[:n]))
-        rest = _map(batch, lambda t, n=needed: t[n:])
-        return _concat(head), [rest, *pending[index + 1 :]]
+        head.append(map_batch(batch, lambda t, n=needed: t[:n]))
+        rest = map_batch(batch, lambda t, n=needed: t[n:])
+        return concat(head), [rest, *pending[index + 1 :]]
     raise AssertionError(f"internal: fewer than {size} rows pending")

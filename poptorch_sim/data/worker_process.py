@@ -1,15 +1,16 @@
-"""The AsynchronousDataAccessor's worker process: loads batches ahead into a shared ring.
+"""The AsynchronousDataAccessor's worker process, seen from the parent: start, read, stop.
 
 [Note: the accessor's worker process]
 As PopTorch's, the accessor loads data in a separate *process*, so that decoding and collating
 never compete with the model for the interpreter lock::
 
-    parent (the accessor)                      worker process (forked)
-    ---------------------                      -----------------------
-    start()  ── fork ─────────────────────►    open epoch 0, load the first element
+    parent (the accessor)                      worker process (worker_main.py)
+    ---------------------                      -------------------------------
+    start()  ── start (sharing.py) ────────►   open epoch 0, load the first element
              ◄── ("startup", ok|empty|error)   (the loading loop of prefetch.py, run on
-    request_epoch(g) ── ("epoch", g) ──────►    the worker's only thread; see
-    get():  slot, item ◄── data pipe ───────    [Note: prefetch epochs])
+    unlink the ring's files                     the worker's main thread; see
+    request_epoch(g) ── ("epoch", g) ──────►    [Note: prefetch epochs])
+    get():  slot, item ◄── data pipe ───────
             indices_mem[slot] = 0  (free)      put: wait until indices_mem[slot] == 0,
                                                     indices_mem[slot] = 1, send (slot, item)
     close() ── ("stop",) ──► join; SIGINT, then SIGTERM if it does not exit
@@ -22,32 +23,37 @@ parent copies the tensors out before freeing the slot, so a returned batch is ne
 overwritten by a later one.
 
 The worker exits quietly on SIGINT (Ctrl-C in a notebook reaches every process), when asked to
-stop, and when its parent is gone (the command pipe closes). Failures of the dataset travel to
-the parent as items and are raised there (an exception that cannot be pickled is replaced by a
-RuntimeError carrying its type, message and traceback).
-
-Simulated: the worker is always forked (``sharing_strategy`` is checked but not used: PopTorch
-starts it with forkserver, spawn or fork and pickles the dataset for the first two).
+stop, and when its parent is gone (the command pipe closes, or see [Note: a worker never
+outlives its owner] in ``owner_watch.py``). Failures of the dataset travel to the parent as
+items and are raised there (an exception that cannot be pickled is replaced by a RuntimeError
+carrying its type, message and traceback).
 """
 
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import os
+import pickle
+import random
 import signal
-import traceback
+import threading
 import weakref
-from collections.abc import Callable, Iterator
-from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
-import torch.multiprocessing
 
+from ..enums import SharingStrategy
+from ..errors import createPoptorchError
+from ..executor.custom_args import _parsers
 from ..logger import logger
 from ..runtime.threads import POLL_S
-from .prefetch import Item, Prefetcher, StartupResult
-from .ring import SlotReader, SlotWriter, new_ring_name, remove_slots
+from .epoch_source import EpochSource
+from .prefetch import Item, StartupResult
+from .ring import SlotReader, create_ring, new_ring_name, open_flags, unlink_ring
+from .sharing import dump_to_file, main_module_hidden, main_module_needed, start_context
+from .worker_main import WorkerSpec, worker_main
 
 __all__ = ["RingFlags", "WorkerProcess"]
 
@@ -57,8 +63,8 @@ _JOIN_S = 10.0  # how long a stopping worker may take before SIGINT, then SIGTER
 class RingFlags:
     """The ring's slot flags (``indices_mem``), shared by the parent and the worker."""
 
-    def __init__(self, buffer_size: int) -> None:
-        self.indices_mem = torch.zeros(max(1, buffer_size), dtype=torch.uint8).share_memory_()
+    def __init__(self, ring: str, buffer_size: int) -> None:
+        self.indices_mem = open_flags(ring, buffer_size)
 
     def __len__(self) -> int:
         return len(self.indices_mem)
@@ -68,49 +74,89 @@ class WorkerProcess:
     """The parent's handle on the worker process; the same interface as ``Prefetcher``.
 
     Args:
-        open_epoch, close_epoch, buffer_size, load_indefinitely, early_preload, check_first:
-            as ``Prefetcher``'s; called in the worker process.
+        source: the epochs to load (see ``EpochSource``).
+        buffer_size, load_indefinitely, early_preload: as ``Prefetcher``'s.
+        sharing_strategy: how the process is started (see [Note: sharing strategies]).
         name: the process name.
     """
 
     def __init__(
         self,
-        open_epoch: Callable[[], Iterator[Any] | None],
-        close_epoch: Callable[[Iterator[Any] | None, bool], None],
+        source: EpochSource,
         buffer_size: int,
         load_indefinitely: bool,
         early_preload: bool,
-        check_first: Callable[[Any], None],
+        sharing_strategy: SharingStrategy,
         name: str,
     ) -> None:
-        self._data_buffers = RingFlags(buffer_size)
+        self._strategy = SharingStrategy(sharing_strategy)
+        self._settings = (max(1, buffer_size), load_indefinitely, early_preload)
         self._ring = new_ring_name()
-        self._reader = SlotReader(self._ring)
-        self._loader_args = (
-            open_epoch,
-            close_epoch,
-            buffer_size,
-            load_indefinitely,
-            early_preload,
-            check_first,
-        )
-        ctx = torch.multiprocessing.get_context("fork")
-        self._data, child_data = ctx.Pipe(duplex=False)
-        child_commands, self._commands = ctx.Pipe(duplex=False)
-        self._child_ends = (child_data, child_commands)
-        self._process = ctx.Process(target=self._main, name=name, daemon=False)
+        self._source_file: str | None = None
         self._closed = False
         self._early: list[tuple[Any, ...]] = []
+        create_ring(self._ring, self._settings[0])
+        self._data_buffers = RingFlags(self._ring, self._settings[0])
+        self._reader = SlotReader(self._ring, self._settings[0])
+        self._context = start_context(self._strategy)
+        self._data, child_data = self._context.Pipe(duplex=False)
+        child_commands, self._commands = self._context.Pipe(duplex=False)
+        self._child_ends = (child_data, child_commands)
+        self._name = name
+        self._source: EpochSource | None = source  # dropped once sent: it may hold our owner
+        self._process: BaseProcess | None = None
 
     # ---- parent side -----------------------------------------------------------------------
     def start(self) -> StartupResult:
-        """Fork the worker and wait until it has loaded the first element (or failed to)."""
+        """Start the worker and wait until it has loaded the first element (or failed to).
+
+        Raises:
+            poptorch.Error: what must be sent to the worker cannot be pickled.
+        """
         logger.debug("AsynchronousDataAccessor parent process: %d", os.getpid())
-        self._process.start()
-        for end in self._child_ends:
-            end.close()
         _live.add(self)
         _exit_hook_registered()
+        source, self._source = self._source, None
+        try:
+            spec = self._spec(source)
+            hide_main = self._strategy != SharingStrategy.Fork and not main_module_needed(spec)
+            self._process = self._context.Process(  # type: ignore[attr-defined]
+                target=worker_main, args=(spec, *self._child_ends), name=self._name
+            )
+            del source, spec
+            with main_module_hidden(hide_main):
+                self._process.start()
+        except Exception as error:
+            raise createPoptorchError(_cannot_send(self._strategy, error)) from error
+        finally:
+            for end in self._child_ends:
+                end.close()
+        try:
+            return self._startup()
+        finally:
+            unlink_ring(self._ring)  # see [Note: ring files outlive nobody]
+
+    def _spec(self, source: EpochSource | None) -> WorkerSpec:
+        buffer_size, load_indefinitely, early_preload = self._settings
+        fork = self._strategy == SharingStrategy.Fork
+        if self._strategy == SharingStrategy.FileSystem:
+            self._source_file = dump_to_file(source)
+        return WorkerSpec(
+            source=self._source_file or source,
+            ring=self._ring,
+            buffer_size=buffer_size,
+            load_indefinitely=load_indefinitely,
+            early_preload=early_preload,
+            owner=os.getpid(),
+            death_signal=self._strategy == SharingStrategy.ForkServer
+            or threading.current_thread() is threading.main_thread(),
+            rng_state=(torch.get_rng_state(), random.getstate()),
+            parsers={} if fork else _picklable_parsers(),
+            start_method=multiprocessing.get_start_method(),
+            close_in_child=(self._data.fileno(), self._commands.fileno()) if fork else (),
+        )
+
+    def _startup(self) -> StartupResult:
         while True:
             message = self._receive()
             if message is None:
@@ -145,24 +191,28 @@ class WorkerProcess:
             return
         self._closed = True
         _live.discard(self)
-        if self._process.pid is None:
-            return
-        self._send(("stop",))
-        self._process.join(_JOIN_S)
-        if self._process.exitcode is None:  # blocked inside the dataset: interrupt it
-            os.kill(self._process.pid, signal.SIGINT)
-            self._process.join(_JOIN_S)
-        if self._process.exitcode is None:
-            logger.warning(
-                "AsynchronousDataAccessor: the worker process %d did not stop; terminating it",
-                self._process.pid,
-            )
-            self._process.terminate()
-            self._process.join()
+        if self._process is not None and self._process.pid is not None:
+            self._stop_process(self._process)
         self._data.close()
         self._commands.close()
         self._reader.close()
-        remove_slots(self._ring, len(self._data_buffers))
+        unlink_ring(self._ring)
+        if self._source_file is not None:
+            os.unlink(self._source_file)
+
+    def _stop_process(self, process: BaseProcess) -> None:
+        self._send(("stop",))
+        process.join(_JOIN_S)
+        if process.exitcode is None:  # blocked inside the dataset: interrupt it
+            os.kill(process.pid, signal.SIGINT)  # type: ignore[arg-type]
+            process.join(_JOIN_S)
+        if process.exitcode is None:
+            logger.warning(
+                "AsynchronousDataAccessor: the worker process %d did not stop; terminating it",
+                process.pid,
+            )
+            process.terminate()
+            process.join()
 
     def _send(self, command: tuple[Any, ...]) -> None:
         try:
@@ -178,128 +228,40 @@ class WorkerProcess:
                     return self._data.recv()
             except EOFError:
                 return None
-            if self._process.exitcode is not None and not self._data.poll(0):
+            if self._exitcode() is not None and not self._data.poll(0):
                 return None
 
+    def _exitcode(self) -> int | None:
+        return None if self._process is None else self._process.exitcode
+
     def _exit_text(self) -> str:
-        code = self._process.exitcode
+        code = self._exitcode()
         if code is not None and code < 0:
             return f"killed by signal {signal.Signals(-code).name}"
         return f"exit code {code}"
 
-    # ---- worker side -----------------------------------------------------------------------
-    def _main(self) -> None:
-        self._data.close()
-        self._commands.close()
-        data, commands = self._child_ends
-        logger.debug("AsynchronousDataAccessor worker process: %d", os.getpid())
-        loader = _WorkerLoop(*self._loader_args)
-        writer = SlotWriter(self._ring)
-        loader.connect(data, commands, self._data_buffers.indices_mem, writer)
+
+def _picklable_parsers() -> dict[type, Any]:
+    """The registered custom batch parsers that can be sent to a worker that is not forked."""
+    parsers = {}
+    for cls, parser in _parsers.items():
         try:
-            loader._run()
-        except KeyboardInterrupt:
-            # Ctrl-C: leave quietly, as the interpreter may already be half torn down (see
-            # torch's [Data Loader Multiprocessing Shutdown Logic]).
-            pass
-        finally:
-            writer.close()
-            if loader.parent_gone:
-                remove_slots(self._ring, len(self._data_buffers))
+            pickle.dumps((cls, parser))
+        except Exception:  # the worker cannot rebuild such batches; the rest still work
+            continue
+        parsers[cls] = parser
+    return parsers
 
 
-class _WorkerLoop(Prefetcher):
-    """``Prefetcher``'s loading loop, run on the worker's own thread: its queue is the ring
-    and the pipe, and the consumer's requests arrive as commands."""
-
-    def __init__(self, *loader_args: Any) -> None:
-        """``loader_args``: ``Prefetcher``'s, but its name (``WorkerProcess._loader_args``)."""
-        super().__init__(*loader_args, name="AsynchronousDataAccessor-worker")
-        self.queue = self  # type: ignore[assignment]  # _load_first puts the first element
-        self._seq = 0
-
-    def connect(
-        self, data: Connection, commands: Connection, flags: torch.Tensor, writer: SlotWriter
-    ) -> None:
-        self._data_out, self._commands_in, self._flags = data, commands, flags
-        self._writer = writer
-        self.parent_gone = False
-        try:
-            self._first_iterator = self._open_epoch()
-        except Exception as error:  # reported like any other start failure
-            self._set_startup(StartupResult("error", error))
-            self._stop = True
-
-    def put(self, item: Item) -> None:
-        self._put(item)
-
-    def _run(self) -> None:
-        if self._startup is None:
-            super()._run()
-
-    def _poll(self, timeout: float) -> None:
-        try:
-            if not self._commands_in.poll(timeout):
-                return
-            command = self._commands_in.recv()
-        except (EOFError, OSError):  # the parent is gone
-            self._stop = self.parent_gone = True
-            return
-        if command[0] == "stop":
-            self._stop = True
-        elif command[0] == "epoch":
-            self._go = True
-            self._wanted = max(self._wanted, command[1])
-
-    def _wait_for(self, predicate: Callable[[], bool]) -> bool:
-        while not self._stop and not predicate():
-            self._poll(POLL_S)
-        return not self._stop
-
-    def _put(self, item: Item) -> bool:
-        slot = self._seq % len(self._flags)
-        while True:
-            self._poll(0)
-            if self._stop or self._wanted > item.generation:
-                return False
-            if int(self._flags[slot]) == 0:
-                break
-            self._poll(POLL_S)
-        self._flags[slot] = 1
-        self._seq += 1
-        return self._write(("item", slot, item.generation, _dumps(self._writer, item, slot)))
-
-    def _set_startup(self, result: StartupResult) -> None:
-        self._startup = result
-        error = None
-        if result.error is not None:
-            error = _dumps(self._writer, Item(0, "error", result.error), None)
-        self._write(("startup", result.kind, error))
-
-    def _write(self, message: tuple[Any, ...]) -> bool:
-        try:
-            self._data_out.send(message)
-        except (BrokenPipeError, OSError):  # the parent is gone
-            self._stop = self.parent_gone = True
-            return False
-        return True
-
-
-def _dumps(writer: SlotWriter, item: Item, slot: int | None) -> bytes:
-    """``item`` pickled (tensors as shared-memory handles); an item that cannot be pickled
-    becomes an error item carrying its type, message and traceback."""
-    try:
-        return writer.dumps(item, slot)
-    except Exception as error:
-        payload = item.payload
-        if item.kind != "error":
-            payload = error
-        text = "".join(traceback.format_exception(payload))
-        replacement = RuntimeError(
-            f"{type(payload).__name__}: {payload}\n(in the AsynchronousDataAccessor worker "
-            f"process, which could not send it to the parent process)\n{text}"
-        )
-        return writer.dumps(Item(item.generation, "error", replacement), slot)
+def _cannot_send(strategy: SharingStrategy, error: Exception) -> str:
+    return (
+        f"AsynchronousDataAccessor: the dataset cannot be sent to its worker process, which "
+        f"sharing_strategy=SharingStrategy.{strategy.name} starts as a new process: "
+        f"{type(error).__name__}: {error}. Define the dataset's classes and functions at module "
+        "level so that they can be pickled, or pass "
+        "sharing_strategy=poptorch.SharingStrategy.Fork (to a poptorch.DataLoader: "
+        "async_options={'sharing_strategy': poptorch.SharingStrategy.Fork})."
+    )
 
 
 def _loads(reader: SlotReader, blob: bytes, generation: int, slot: int | None) -> Item:
