@@ -229,12 +229,17 @@ def test_pipelined_training_recomputes_only_when_asked_or_marked() -> None:
     assert compiled(False, None)[0] is False and compiled(True, None)[0] is True
 
 
-def test_recomputation_runs_the_segments_between_checkpoints_at_once() -> None:
+def test_recomputation_runs_the_segments_between_checkpoints_at_once(monkeypatch) -> None:
     # On an IPU, backward recomputes the segments between recomputationCheckpoint marks one at
-    # a time, so the transient is one segment's activations; the simulator recomputes the whole
-    # stage before differentiating it, and the memory estimate counts that (see
-    # poptorch_sim/memory/estimate.py).
+    # a time, so the transient is one segment's activations, and the estimate and the probe
+    # count the largest segment (see [Note: recomputing one segment at a time] in
+    # poptorch_sim/memory/estimate.py). The simulator recomputes the whole stage before
+    # differentiating it: what its recomputation saves at once (the probe's total over all the
+    # segments) is at least a whole forward's activations.
     from poptorch_sim.memory import measure
+    from poptorch_sim.memory.saved import SavedBytes
+
+    monkeypatch.setattr(SavedBytes, "largest_segment", SavedBytes.total)
 
     class Net(nn.Module):
         def __init__(self, marked: bool) -> None:
