@@ -1,4 +1,4 @@
-"""The executor's public read-outs (placement, staged parts, all-reduce, batch layout), its shape."""
+"""The executor's public read-outs (placement, stages, all-reduce, batch layout) and its shape."""
 
 from __future__ import annotations
 
