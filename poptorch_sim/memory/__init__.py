@@ -94,6 +94,10 @@ class MeasuredIpu:
         optimizer_state_off_chip: the same, held off chip.
         activations: peak bytes saved for backward during the call.
         activations_per_micro_batch: per stage, the most one micro-batch saved (or kept).
+        recomputed_at_once: with recomputation, the most one backward's recomputation saved
+            in all. Simulated: the simulator recomputes all of a stage's segments before
+            differentiating them and holds this for a moment; an IPU holds one segment at a
+            time, which ``activations`` counts.
     """
 
     ipu: int
@@ -102,6 +106,7 @@ class MeasuredIpu:
     optimizer_state_off_chip: int
     activations: int
     activations_per_micro_batch: dict[int, int] = field(default_factory=dict)
+    recomputed_at_once: int = 0
 
 
 def measure(poptorch_model: Any, *args: Any, **kwargs: Any) -> list[MeasuredIpu]:
@@ -163,4 +168,7 @@ def _measured(
                     nbytes = math.ceil(value.numel() / replicas) * value.element_size()
                     on, off = (on, off + nbytes) if off_chip else (on + nbytes, off)
     per_mb = {s: n for s, n in probe.per_micro_batch.items() if s in estimate.stages}
-    return MeasuredIpu(ipu, sum(seen.values()), on, off, probe.peak.get(ipu, 0), per_mb)
+    return MeasuredIpu(
+        ipu, sum(seen.values()), on, off, probe.peak.get(ipu, 0), per_mb,
+        probe.at_once.get(ipu, 0),
+    )  # fmt: skip
