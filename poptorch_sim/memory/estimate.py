@@ -43,9 +43,9 @@ Graphcore's pipelined BERT marks every encoder layer's output, so a stage of 7 l
 one layer's activations in backward, not seven. BERT-Large at micro-batch 2, sequence 512,
 FP16, as MLPerf ran it on [3, 7, 7, 7] (``benchmarks/published``): one layer saves 52 MiB
 (without dropout on the attention probabilities, Graphcore's setting; 138 MiB with
-transformers' default 0.1), so counting seven put the IPUs at 94-98% of their memory (about 160-175%
-with the default dropout) where they hold 51-63% (60-72%). Without marks the stage is one
-segment. The count is the same at compile (``SavedBytes.segments`` on the recomputation of the
+transformers' defaults, attention dropout 0.1 and SDPA), so counting seven put the IPUs at
+94-98% of their memory (about 160-175% with the defaults) where they hold 51-63% (60-72%).
+Without marks the stage is one segment. The count is the same at compile (``SavedBytes.segments`` on the recomputation of the
 stage's forward, ``activations.py``) and in a measured run (``probe.py``).
 Simulated: the simulator recomputes every segment before differentiating any (one
 ``autograd.backward`` per stage and micro-batch), so for a short moment it holds them all; the

@@ -36,6 +36,7 @@ class SavedProbe:
         self.live = dict.fromkeys(self._ipu.values(), 0)
         self.peak = dict.fromkeys(self._ipu.values(), 0)
         self.per_micro_batch: dict[int, int] = {}
+        self.at_once: dict[int, int] = {}  # per IPU, the most one whole recomputation saved
         self._held: dict[tuple[int, int], int] = {}
 
     def _counter(self, stage: int) -> SavedBytes:
@@ -73,7 +74,7 @@ class SavedProbe:
         Simulated: the simulator recomputes every segment before differentiating any, an IPU
         one at a time (see [Note: recomputing one segment at a time] in ``estimate.py``); the
         probe counts each segment's bytes as this run saves them, and adds the largest, what
-        an IPU holds.
+        an IPU holds (``at_once`` keeps what the simulator held).
         """
         counter = self._counter(stage)
         with counter.segments():
@@ -81,6 +82,7 @@ class SavedProbe:
         ipu = self._ipu[stage]
         with self._lock:
             self.peak[ipu] = max(self.peak[ipu], self.live[ipu] + counter.largest_segment())
+            self.at_once[ipu] = max(self.at_once.get(ipu, 0), counter.total())
 
     def release(self, stage: int, mb: int) -> None:
         """Micro-batch ``mb``'s backward on ``stage`` has run: its saved tensors are freed."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .plot import stacked_bars
+
 __all__ = ["CATEGORIES", "IpuMemory", "MemoryReport", "format_bytes"]
 
 # What fills an IPU, in the order of the table's columns and the plot's stacked bars.
@@ -176,9 +178,14 @@ class MemoryReport:
         Returns:
             ``path``.
         """
-        from .plot import plot_report
-
-        plot_report(self, path)
+        mib = 1024.0 * 1024.0
+        stacked_bars(
+            path,
+            [f"IPU {m.ipu}" for m in self.ipus],
+            {c: [getattr(m, c) / mib for m in self.ipus] for c in CATEGORIES},
+            [m.limit / mib for m in self.ipus],
+            f"Memory per IPU (dashed: limit)\n{self.schedule}, {self.micro_batches} micro-batches",
+        )
         return path
 
 
