@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import re
@@ -11,6 +12,7 @@ import pytest
 import torch
 import torch.fx
 
+import poptorch_sim as poptorch
 from poptorch_sim import testing
 from poptorch_sim.enums import MatMulSerializationMode, MultiConvPlanType, OverlapMode
 from poptorch_sim.errors import Error
@@ -853,3 +855,48 @@ def test_printing_module_exports():
     ]
     assert slicing.__all__ == ["dynamic_slice", "dynamic_update"]
     assert misc.__all__ == ["ctc_beam_search_decoder", "fps", "nearest"]
+
+
+class FastGather(torch.nn.Module):
+    """PopTorch's ``tensor_ops_test.fast_gather_last_dim``, on a trained weight, with a loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(9, 11, 6))
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        data = x * self.w
+        target = torch.zeros(idx.shape).type_as(data)
+        (out,) = custom_op(
+            [data, idx], "FastGatherLastDim", "poptorch.custom_ops", 1, example_outputs=[target]
+        )
+        return out, poptorch.identity_loss((out * out).sum(), "sum")
+
+
+@pytest.mark.parametrize("width", [6, 3], ids=["same-width", "narrower-index"])
+def test_fast_gather_last_dim_is_a_gather_on_the_last_dim(width: int) -> None:
+    model = FastGather()
+    reference = copy.deepcopy(model)
+    x, idx = torch.randn(9, 11, 6), torch.randint(0, 6, (9, 11, width))
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    out, loss = training(x, idx)
+    ref = torch.gather(x * reference.w, -1, idx)
+    torch.testing.assert_close(out, ref.detach())
+    torch.testing.assert_close(loss, (ref * ref).sum().detach())
+    (ref * ref).sum().backward()
+    torch.optim.SGD(reference.parameters(), lr=0.1).step()
+    training.copyWeightsToHost()
+    torch.testing.assert_close(model.w, reference.w)
+    training.destroy()
+
+
+@pytest.mark.parametrize(
+    ("shape", "msg"),
+    [((9, 1, 6), "must have same dimensions as Input except for last dim"),
+     ((11, 6), "do not have same rank")],
+    ids=["other-dim", "rank"],
+)  # fmt: skip
+def test_fast_gather_last_dim_checks_shapes_as_popart(shape: tuple[int, ...], msg: str) -> None:
+    inference = poptorch.inferenceModel(FastGather())
+    with pytest.raises(Error, match=msg):
+        inference(torch.randn(9, 11, 6), torch.randint(0, 6, shape))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import custom_library as custom_library  # registers PopTorch's own custom ops
 from . import library as library  # registers torch.ops.poptorch
 from .annotations import (
     Attribute,
