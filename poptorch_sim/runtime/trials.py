@@ -9,9 +9,9 @@ one thread against a steady 2,150 ms, and a 2-stage pipeline whose stages sleep 
 three at the sharded speed until its eighth call. So the modes are of two kinds:
 
     kind     modes                       how a trial times them
-    whole    split, lent (a serial       whole calls, in turn (each keeps a worker per IPU,
-             program: one thread)        and the pipelined modes measured within 1.6x of
-                                         each other)
+    whole    split, lent (a serial       whole calls, in turn (both pipeline the stages on
+             program: one thread)        a worker per IPU, which a few micro-batches' run
+                                         would not measure: fill and drain dominate it)
     probed   one thread, side by side    the call's first micro-batches (1 on one thread,
                                          one per core side by side), then the rest of the
                                          call in the call's whole mode
@@ -49,9 +49,9 @@ TRIAL_EVERY_MAX = 640  # the most it grows to, doubling after each trial that ke
 TRIAL_RUNS = 2  # runs of each mode in a trial
 TRIAL_MARGIN = 0.95  # another mode must take at most this fraction of the first mode's time
 PROBE_SHARE = 0.25  # the most of a call's micro-batches a probe computes
-RULED_OUT = 1.5  # a probed mode this much slower than the fastest whole mode: probed no more
+RULED_OUT = 1.5  # a mode this much slower than the fastest whole mode: tried no more
 DRIFT = 1.5  # the chosen mode's recent time moved by this factor: try the modes again
-DRIFT_RUNS = 5  # runs whose median is compared with the trial's time
+DRIFT_RUNS = 5  # runs whose median sets the reference, and is compared with it
 
 
 class Probe(NamedTuple):
