@@ -15,8 +15,9 @@ and a Llama-style ``LlamaForCausalLM``; each pipelined and sharded, training and
 * eager runs with every core (``torch.set_num_threads(cores)``); poptorch_sim's IPU workers
   share the same cores (see [Note: cores follow the work] in ``runtime/cores.py``).
 * each row: warm-up calls (the first compiles; then a pipeline's trial of its ways to share the
-  cores: split, lent, one thread and, for inference, side by side; a sharded inference program's
-  trial: one thread and side by side), then ``--steps`` interleaved pairs (poptorch_sim, eager);
+  cores: split and lent, the first micro-batches of a call on one thread and, for inference,
+  side by side; a sharded inference program's trial: one thread, its first micro-batches side
+  by side), then ``--steps`` interleaved pairs (poptorch_sim, eager);
   medians of the times, and of each pair's ratio with the pairs' range (eager alone moves by
   10-30% between calls on a shared two-core machine). ``eager / sim`` above 1 means the
   simulated IPUs were faster than plain PyTorch.

@@ -23,7 +23,9 @@ BENCHMARKS = sorted(
 # Narrower quick runs where the whole quick mode takes minutes; the models themselves are tested
 # against eager in tests/test_transformers_models.py and tests/test_real_models.py.
 # scale_out.py: only its samples/s table, one two-process launch (each launch starts torchrun).
+# first_calls.py: the sleeping pipeline's row (the model rows are models.py's).
 EXTRA_ARGS = {
+    "first_calls.py": ["--only", "sleep", "--calls", "4"],
     "models.py": ["--only", "bert,gpt2", "--kinds", "train", "--no-model-ceilings"],
     "scale_out.py": ["--skip-sizes"],
 }

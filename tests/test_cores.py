@@ -192,7 +192,7 @@ def test_trials_of_lending_against_the_measured_split_decide_the_runs_after(
     for run in range(TRIAL_EVERY + trial):
         mode = share.mode()
         seen.append(mode)
-        slow = 1.0 if run == 2 else 0.0  # one slow lent run in the trial: the fastest counts
+        slow = 1.0 if run == 4 else 0.0  # one slow lent run in the trial: the fastest counts
         share.observe({0: 0.1, 1: 0.1}, {}, lend_s + slow if mode == "lent" else 0.25)
     chosen = "lent" if lending else "split"
     alternate = ["split", "lent"] * TRIAL_RUNS
@@ -549,8 +549,10 @@ def test_every_mode_of_the_trials_trains_as_eager_does(
             for ours, theirs in zip(program.stages, reference.stages):
                 torch.testing.assert_close(ours.module.state_dict(), theirs.module.state_dict())
         assert threading.active_count() == baseline + 4  # three IPU threads and the one
-    assert [mode for mode, _ in ran] == ["lent", *["split", "lent"] * TRIAL_RUNS]
-    assert ran[1][1] == "one thread"  # later probes: unless the first measured it far slower
+    # later runs: lending again unless measured far slower, one thread the same
+    assert [mode for mode, _ in ran[:3]] == ["lent", "split", "lent"]
+    assert [mode for mode, _ in ran[3:]] in (["split", "lent"], ["split", "split"])
+    assert ran[1][1] == "one thread"
     assert [probe for _, probe in ran[2 + TRIAL_RUNS - 1 :]] == [None] * TRIAL_RUNS
     ipu_threads = {f"poptorch_sim IPU {i}" for i in range(3)}
     for (_, probe), threads in zip(ran, seen):

@@ -120,17 +120,39 @@ def test_a_probed_mode_is_chosen_where_it_is_fastest() -> None:
 
 def test_a_choice_made_on_a_busy_machine_changes_once_it_is_quiet() -> None:
     """Busy: the split wins (one thread's team waits on parked threads). Quiet: one thread is
-    fastest, and every time halves; the next trial comes after ``DRIFT_RUNS`` runs, not after
-    ``TRIAL_EVERY``."""
+    fastest, and every time halves; the runs after the trial set the split's reference, and
+    once most of the last ``DRIFT_RUNS`` are quiet the next run starts a trial, long before
+    ``TRIAL_EVERY`` runs."""
     trials = Trials(PIPELINED, "lent", cores=2)
-    call_times(trials, BUSY_BERT, 1 + 2 * TRIAL_RUNS, count=10)
+    call_times(trials, BUSY_BERT, 1 + 2 * TRIAL_RUNS + DRIFT_RUNS, count=10)
     assert trials.choice == "split"
     quiet = {"split": 100.0, "lent": 98.0, "one thread": 80.0}
-    _, ran = call_times(trials, quiet, DRIFT_RUNS + 2 * TRIAL_RUNS + 1, count=10)
-    assert ran[:DRIFT_RUNS] == [("split", None)] * DRIFT_RUNS
-    assert ran[DRIFT_RUNS] == ("split", "one thread")  # a trial, long before TRIAL_EVERY runs
+    _, ran = call_times(trials, quiet, DRIFT_RUNS + 2 * TRIAL_RUNS, count=10)
+    flipped = DRIFT_RUNS  # quiet runs until a window after the reference is full
+    assert ran[:flipped] == [("split", None)] * flipped
+    assert ran[flipped] == ("split", "one thread")  # a trial
     assert trials.choice == "one thread"
-    assert 1 + 2 * TRIAL_RUNS + DRIFT_RUNS < TRIAL_EVERY
+    assert 1 + 2 * TRIAL_RUNS + DRIFT_RUNS + flipped < TRIAL_EVERY
+
+
+def test_a_trial_the_load_started_leaves_out_the_modes_measured_far_slower() -> None:
+    """Where the machine got busier, a mode the last trial found ``RULED_OUT`` times as slow
+    is not run again; lending, within it, is."""
+    trials = Trials(PIPELINED, "lent", cores=2)
+    call_times(trials, BUSY_BERT, 1 + 2 * TRIAL_RUNS + DRIFT_RUNS, count=10)
+    assert trials.measured["one thread"] > 1.5 * trials.measured["split"]
+    busier = {mode: 2 * t for mode, t in BUSY_BERT.items()}
+    _, ran = call_times(trials, busier, DRIFT_RUNS + 2 * TRIAL_RUNS, count=10)
+    flipped = DRIFT_RUNS
+    assert ran[flipped : flipped + 2 * TRIAL_RUNS] == [("split", None), ("lent", None)] * 2
+
+
+def test_a_whole_mode_far_slower_than_the_split_runs_once_a_trial() -> None:
+    trials = Trials(PIPELINED, "lent", cores=2)
+    per_mb = {"split": 1.0, "lent": 3.0, "one thread": 1.2}
+    times, ran = call_times(trials, per_mb, 1 + 2 * TRIAL_RUNS, count=10)
+    assert [mode for mode, _ in ran] == ["lent", "split", "lent", "split", "split"]
+    assert trials.choice == "split"
 
 
 def test_a_machine_as_busy_as_in_the_trial_starts_no_new_one() -> None:

@@ -9,25 +9,30 @@ one thread against a steady 2,150 ms, and a 2-stage pipeline whose stages sleep 
 three at the sharded speed until its eighth call. So the modes are of two kinds:
 
     kind     modes                       how a trial times them
-    whole    split, lent (a serial       whole calls, in turn (each keeps a worker per IPU,
-             program: one thread)        and the pipelined modes measured within 1.6x of
-                                         each other)
+    whole    split, lent (a serial       whole calls, in turn (both pipeline the stages on
+             program: one thread)        a worker per IPU, which a few micro-batches' run
+                                         would not measure: fill and drain dominate it)
     probed   one thread, side by side    the call's first micro-batches (1 on one thread,
                                          one per core side by side), then the rest of the
                                          call in the call's whole mode
 
 A probe computes at most ``PROBE_SHARE`` of a call's micro-batches (none where the call has too
 few), so a mode ``r`` times slower costs the call ``1 + PROBE_SHARE * (r - 1)`` at most: GA 10
-with ``r`` = 4.5 costs 1.35 of a call. A probe measured more than ``RULED_OUT`` times as slow as
-the trial's fastest whole mode is not probed again in that trial. The split into two runs keeps
-the numbers: the micro-batches still run in order, each parameter's gradients accumulate in
-micro-batch order, and only the call's last run steps the optimizer.
+with ``r`` = 4.5 costs 1.35 of a call. The split into two runs keeps the numbers: the
+micro-batches still run in order, each parameter's gradients accumulate in micro-batch order,
+and only the call's last run steps the optimizer. A mode measured more than ``RULED_OUT`` times
+as slow as the trial's fastest whole mode runs no more in that trial (a whole mode's turn goes
+to the split), so lending on a loaded machine, where its two-thread ops wait at their barriers
+for parked threads, costs one call in a trial, not two.
 
 The choice holds until the next trial (``TRIAL_EVERY`` runs after a trial started, doubling up
 to ``TRIAL_EVERY_MAX`` while trials keep choosing the same mode), unless the machine changes:
-once the median of the last ``DRIFT_RUNS`` runs in the chosen mode moves by more than ``DRIFT``
-times from the time the trial measured for it (a machine that went quiet, or got busy), the
-next run starts a new trial, and the gap goes back to ``TRIAL_EVERY``.
+the median of the first ``DRIFT_RUNS`` runs after a trial is the chosen mode's reference, and
+once the median of the last ``DRIFT_RUNS`` is ``DRIFT`` times away from it (a machine that went
+quiet, or got busy) the next run starts a new trial and the gap goes back to ``TRIAL_EVERY``.
+Where the machine got busier, that trial leaves out the modes the last one measured
+``RULED_OUT`` times as slow (they only get slower with fewer free cores); where it went quiet,
+it tries every mode again.
 """
 
 from __future__ import annotations
@@ -44,9 +49,9 @@ TRIAL_EVERY_MAX = 640  # the most it grows to, doubling after each trial that ke
 TRIAL_RUNS = 2  # runs of each mode in a trial
 TRIAL_MARGIN = 0.95  # another mode must take at most this fraction of the first mode's time
 PROBE_SHARE = 0.25  # the most of a call's micro-batches a probe computes
-RULED_OUT = 1.5  # a probed mode this much slower than the fastest whole mode: probed no more
+RULED_OUT = 1.5  # a mode this much slower than the fastest whole mode: tried no more
 DRIFT = 1.5  # the chosen mode's recent time moved by this factor: try the modes again
-DRIFT_RUNS = 5  # runs whose median is compared with the trial's time
+DRIFT_RUNS = 5  # runs whose median sets the reference, and is compared with it
 
 
 class Probe(NamedTuple):
@@ -72,6 +77,7 @@ class Trials:
         length: the runs of one trial.
         choice: the mode of the runs outside a trial.
         picked: what the last trial chose (None before the first).
+        measured: the last trial's fastest time of each mode it ran or probed (s per mb).
 
     >>> trials = Trials(("split", "lent", "one thread"), "lent", cores=2)
     >>> trials.observe(0.5)  # the first run: not a trial's
@@ -94,8 +100,10 @@ class Trials:
         self._start = 0  # the run that starts the current trial period
         self._period = TRIAL_EVERY  # runs from this trial to the next
         self._times: dict[str, float] = {}  # mode -> its fastest time in this trial: s per mb
-        self._reference: float | None = None  # the chosen mode's time in the trial that chose it
+        self._reference: float | None = None  # the chosen mode's median after the trial
         self._recent: deque[float] = deque(maxlen=DRIFT_RUNS)
+        self._skip: set[str] = set()  # modes the current trial leaves out
+        self.measured: dict[str, float] = {}  # the last trial's times per mode: s per mb
 
     def _phase(self) -> int:
         """The next run's place in the current trial: 1 to ``length``, or 0 outside one."""
@@ -105,7 +113,10 @@ class Trials:
     def mode(self) -> str:
         """The mode of the next run (of its micro-batches after any probe)."""
         phase = self._phase()
-        return self.whole[(phase - 1) % len(self.whole)] if phase else self.choice
+        if not phase:
+            return self.choice
+        mode = self.whole[(phase - 1) % len(self.whole)]
+        return self.whole[0] if self._ruled_out(mode) else mode
 
     def _probed(self, phase: int) -> str | None:
         """The mode probed in the trial's run ``phase``: each ``TRIAL_RUNS`` times, in turn."""
@@ -124,8 +135,11 @@ class Trials:
         return Probe(mode, size)
 
     def _ruled_out(self, mode: str) -> bool:
-        whole = [self._times[m] for m in self.whole if m in self._times]
-        return mode in self._times and bool(whole) and self._times[mode] > RULED_OUT * min(whole)
+        """Whether this trial runs ``mode`` no more: measured ``RULED_OUT`` times as slow as the
+        fastest whole mode, or skipped by a trial the machine's load started."""
+        if mode == self.whole[0]:
+            return False
+        return mode in self._skip or _slow(self._times, mode, self.whole)
 
     def observe(self, seconds_per_mb: float | None, probe_s_per_mb: float | None = None) -> None:
         """Record one run: its time per micro-batch after the probe, and the probe's."""
@@ -137,9 +151,9 @@ class Trials:
                 if timed is not None and seconds is not None:
                     self._times[timed] = min(self._times.get(timed, seconds), seconds)
             if phase == self.length:
-                if all(m in self._times for m in self.whole):
+                if self.whole[0] in self._times:
                     self._pick()
-                self._times.clear()
+                self.measured, self._times, self._skip = dict(self._times), {}, set()
         elif seconds_per_mb is not None:
             self._watch(seconds_per_mb)
         if self._runs - self._start >= self._period:
@@ -158,19 +172,36 @@ class Trials:
         kept = mode == self.picked
         self._period = min(2 * self._period, TRIAL_EVERY_MAX) if kept else TRIAL_EVERY
         self.picked = self.choice = mode
-        self._reference = self._times[mode]
+        self._reference = None
         self._recent.clear()
 
     def _watch(self, seconds_per_mb: float) -> None:
-        """A run in the chosen mode: start a trial at the next run if the machine changed."""
-        if self._reference is None:
+        """A run in the chosen mode: its first ``DRIFT_RUNS`` after a trial set the reference
+        (their median); a median of the last ``DRIFT_RUNS`` ``DRIFT`` times away from it starts
+        a trial at the next run, without the modes the last trial measured far slower where
+        the machine got busier."""
+        if not self.picked:
             return
         self._recent.append(seconds_per_mb)
         if len(self._recent) < DRIFT_RUNS:
             return
-        ratio = statistics.median(self._recent) / self._reference
+        median = statistics.median(self._recent)
+        if self._reference is None:
+            self._reference = median
+            self._recent.clear()
+            return
+        ratio = median / self._reference
         if 1 / DRIFT <= ratio <= DRIFT:
             return
         self._start, self._period = self._runs - 1, TRIAL_EVERY
         self._reference = None
         self._recent.clear()
+        busier = ratio > DRIFT
+        modes = (*self.whole[1:], *self.probed)
+        self._skip = {m for m in modes if busier and _slow(self.measured, m, self.whole)}
+
+
+def _slow(times: dict[str, float], mode: str, whole: tuple[str, ...]) -> bool:
+    """Whether ``times`` has ``mode`` ``RULED_OUT`` times as slow as the fastest whole mode."""
+    measured = [times[m] for m in whole if m in times]
+    return mode in times and bool(measured) and times[mode] > RULED_OUT * min(measured)
