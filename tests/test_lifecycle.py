@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import datetime
 import io
+import pickle
 
 import pytest
 import torch
@@ -388,6 +389,49 @@ def test_a_pickled_inference_executor_loads_uncompiled_and_runs_like_eager() -> 
     torch.testing.assert_close(loaded(x), model(x))
     torch.testing.assert_close(loaded(x), before)
     assert inference.isCompiled()  # saving left the original compiled
+
+
+class _Classifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.fc(x)
+        return out, nn.functional.cross_entropy(out, y)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["uncompiled", "trained"])
+def test_a_pickled_training_executor_trains_on_like_eager(compiled: bool) -> None:
+    # The copy keeps the model with the device's latest weights and the optimizer with its
+    # latest state (the momentum), and compiles on its first call.
+    net = _Classifier()
+    reference = copy.deepcopy(net)
+    training = poptorch.trainingModel(
+        net, optimizer=poptorch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    )
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(4, 4), torch.tensor([0, 1, 2, 0])
+
+    def eager_step() -> None:
+        ref_opt.zero_grad()
+        reference(x, y)[1].backward()
+        ref_opt.step()
+
+    for _ in range(2 if compiled else 0):
+        training(x, y)
+        eager_step()
+    buffer = io.BytesIO()
+    torch.save(training, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    copied = pickle.loads(pickle.dumps(training))
+    assert not loaded.isCompiled() and training.isCompiled() == compiled
+    eager_step()
+    for model in (loaded, copied, training):
+        model(x, y)
+        for name, value in reference.named_parameters():
+            torch.testing.assert_close(model.model.get_parameter(name), value, msg=name)
 
 
 def test_optimizer_state_crosses_the_host_boundary_with_poptorchs_log_lines(caplog) -> None:

@@ -387,15 +387,18 @@ class PoplarExecutor:
         return self._options
 
     def __getstate__(self) -> dict[str, Any]:
-        """What ``pickle`` / ``torch.save`` keep: the model, options and optimizer.
+        """What ``pickle`` / ``torch.save`` keep: the model, options and optimizer, with the
+        device's latest weights and optimizer state.
 
-        The executable, the device link and the lock are not kept: a loaded executor compiles
-        on its first call (PopTorch pickles its wrapper the same way, without a compiled
-        executable).
+        The executable (and with it the random stream), the device link and the lock are not
+        kept: a loaded executor compiles on its first call and seeds its stream as a new
+        model does.
         """
+        if self._executable is not None:
+            self._link.copy_to_host_if_needed()
         state = dict(self.__dict__)
         del state["_call_lock"], state["_link"]
-        state.update(_executable=None, _perf=None)  # _optim drops its executable itself
+        state.update(_executable=None, _perf=None, _rng_pending=None)  # _optim drops its own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -192,6 +192,8 @@ class Optimizer:
         self.ipu_state_is_dirty = False
 
     def __getstate__(self) -> dict[str, Any]:
+        if self._state_reader is not None and self.host_state_is_dirty:
+            self._set_ipu_state(*self._state_reader())  # a copy carries the device's latest
         state = type(self)._torch_base.__getstate__(self)  # type: ignore[arg-type]
         for name in type(self)._saved_attrs:
             state[name] = getattr(self, name)

@@ -106,6 +106,16 @@ class GroupSnapshot:
         )
         return f"GroupSnapshot(params={list(self.params)}, {items})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A read-only mapping does not pickle: a pickled training model keeps a plain dict.
+        return (_group_snapshot, (self.params, dict(self.values), self.constant))
+
+
+def _group_snapshot(
+    params: tuple[int, ...], values: dict[str, Any], constant: frozenset[str]
+) -> GroupSnapshot:
+    return GroupSnapshot(params, MappingProxyType(values), constant)
+
 
 @dataclass(frozen=True)
 class OptimizerSnapshot:
