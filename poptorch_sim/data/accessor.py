@@ -8,16 +8,13 @@ from typing import Any
 from ..enums import SharingStrategy
 from ..errors import createPoptorchError
 from ..logger import logger
+from .arguments import check_accessor_arguments
 from .epoch_source import EpochSource
 from .prefetch import Item
 from .worker_process import WorkerProcess
 
 __all__ = ["AsynchronousDataAccessor"]
 
-_ALREADY_ASYNC = (
-    "The DataLoader already uses an AsynchronousDataAccessor internally. Either use the existing "
-    "one or set mode='poptorch.DataLoaderMode.Sync' in the DataLoader."
-)
 _FAILED_TO_START = "AsynchronousDataAccessor worker thread failed to start (Check above for details)"  # PopTorch's words, though its worker is a process too
 
 
@@ -85,7 +82,7 @@ class AsynchronousDataAccessor:
         rebatched_size: int | None = None,
     ) -> None:
         self._worker: WorkerProcess | None = None
-        _check_arguments(dataset, rebatched_size)
+        check_accessor_arguments(dataset, rebatched_size)
         self.rebatched_size = rebatched_size
         self._embedded = getattr(dataset, "_embedding_accessor", False)
         # A DataLoader that owns this accessor is held weakly (it holds us); anything else
@@ -198,24 +195,3 @@ class AsynchronousDataAccessor:
                 "poptorch.DataLoader, iterate the DataLoader again) to load more data."
             )
         return self._worker
-
-
-def _check_arguments(dataset: Any, rebatched_size: int | None) -> None:
-    """PopTorch's checks on the accessor's arguments."""
-    from .loader import DataLoader  # loader imports this module
-
-    if isinstance(dataset, DataLoader):
-        if dataset._async_mode and not dataset._embedding_accessor:
-            raise createPoptorchError(_ALREADY_ASYNC)
-        if (
-            not dataset._is_user_batch_sampler_set
-            and not dataset.drop_last
-            and rebatched_size is None
-            and dataset.combinedBatchSize not in (None, 1)
-        ):
-            raise AssertionError(
-                "The 'drop_last=False' option from the DataLoader only works if "
-                "'rebatched_size' is specified too."
-            )
-    if rebatched_size is not None and rebatched_size <= 1:
-        raise AssertionError("rebatched_size must be None or greater than 1")

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SubDataset", "process_block"]
+__all__ = ["SubDataset", "partition", "process_block"]
 
 
 def process_block(
@@ -125,3 +125,39 @@ class SubDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
             self._offset[0] = self._base_offset + self._leftover
         else:
             self._offset[0] = self._base_offset
+
+
+def partition(
+    options: Any, dataset: Any, combined: int | None, shuffle: bool | None, drop_last: bool | None
+) -> SubDataset:
+    """This process's block of ``dataset`` (see [Note: distributed partitioning]).
+
+    Args:
+        options: the ``poptorch.Options`` (``Distributed`` and ``randomSeed``).
+        dataset: the whole map-style dataset.
+        combined: the combined batch size.
+        shuffle: whether the loader shuffles (the global permutation then needs the seed).
+        drop_last: whether incomplete combined batches are dropped.
+
+    Raises:
+        AssertionError: shuffling without ``randomSeed``, or no batching (PopTorch's checks).
+    """
+    seed = options.random_seed if options.exists("random_seed") else None
+    if shuffle and seed is None:
+        raise AssertionError(
+            "When using auto_distributed_partitioning you must set "
+            "poptorch.Options.randomSeed() to ensure that tensors are in the same order in "
+            "all processes."
+        )
+    if combined is None:
+        raise AssertionError(
+            "batch_size=None not allowed when using auto_distributed_partitioning."
+        )
+    return SubDataset(
+        dataset,
+        combined,
+        options.Distributed.numProcesses,
+        options.Distributed.processId,
+        bool(drop_last),
+        seed,
+    )

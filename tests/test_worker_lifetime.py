@@ -1,0 +1,115 @@
+"""The accessor's worker process never outlives its owner, and no shared memory outlives either
+(see [Note: a worker never outlives its owner] and [Note: ring files outlive nobody])."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from poptorch_sim.data import ring
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The owner: a loader whose worker is stuck inside the dataset (sleeping in __getitem__).
+OWNER = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    import poptorch
+
+
+    class Stuck(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            if i > 0:
+                time.sleep(3600)
+            return torch.tensor([i])
+
+
+    if __name__ == "__main__":
+        strategy = poptorch.SharingStrategy[sys.argv[1]]
+        accessor = poptorch.AsynchronousDataAccessor(
+            Stuck(), sharing_strategy=strategy, early_preload=True
+        )
+        print(accessor._worker._process.pid, flush=True)
+        time.sleep(3600)
+    """
+)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting to be reaped is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("strategy", ["ForkServer", "Fork"])
+def test_killing_the_owner_ends_a_stuck_worker_and_leaves_no_ring(
+    strategy: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    owner = subprocess.Popen(
+        [sys.executable, str(script), strategy],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        worker = int(owner.stdout.readline())  # type: ignore[union-attr]
+        assert _running(worker)
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(30)
+        deadline = time.monotonic() + 30
+        while _running(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(worker), f"worker {worker} outlived its owner"
+        assert ring.ring_files(owner.pid) == []
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def test_rings_of_dead_owners_are_removed_by_the_next_ring(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = f"{ring.RING_PREFIX}{gone.pid}-feedface-0"
+    live = f"{ring.RING_PREFIX}{os.getpid()}-feedface-0"
+    shm = Path(ring._SHM)
+    for name in (dead, live):
+        (shm / name).write_bytes(b"x")
+    try:
+        ring.new_ring_name()
+        assert not (shm / dead).exists()
+        assert (shm / live).exists()  # its owner (this process) is alive
+    finally:
+        for name in (dead, live):
+            (shm / name).unlink(missing_ok=True)
+
+
+def test_a_started_ring_has_no_files_left() -> None:
+    import torch
+
+    from poptorch_sim.data import AsynchronousDataAccessor
+
+    accessor = AsynchronousDataAccessor(torch.utils.data.TensorDataset(torch.arange(4)))
+    try:
+        assert ring.ring_files(os.getpid()) == []  # unlinked once the worker had them open
+        assert [int(x[0]) for x in accessor] == [0, 1, 2, 3]
+    finally:
+        accessor.terminate()
+    assert ring.ring_files(os.getpid()) == []
