@@ -106,13 +106,14 @@ def make_env(
     start = time.perf_counter()
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
-        purelib = subprocess.check_output(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            text=True,
-        ).strip()
-        shared = [p for p in site.getsitepackages() if Path(p).is_dir()]
-        # After the env's own site-packages: the app's pins win, the project fills the rest.
-        Path(purelib, "poptorch_sim_project.pth").write_text("\n".join([str(project), *shared]))
+    purelib = subprocess.check_output(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        text=True,
+    ).strip()
+    shared = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    # After the env's own site-packages: the app's pins win, the project fills the rest.
+    # Written on every run: a reused environment runs the --project of this run.
+    Path(purelib, "poptorch_sim_project.pth").write_text("\n".join([str(project), *shared]))
     record = env_dir / "model_garden_install.json"
     _test_plugins(python, work)
     if record.exists():  # installed by an earlier run: reuse (delete the folder to redo)

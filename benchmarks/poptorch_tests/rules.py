@@ -49,6 +49,10 @@ RULES: list[tuple[str, str, str]] = [
     ("torch", r"SyntaxError at line \d+ of .*: '\(' was never closed",
      "expects Python 3.8's SyntaxError text 'unexpected EOF while parsing'; Python >= 3.10 says "
      "\"'(' was never closed\" (REPRODUCTIONS['syntax'])"),
+    ("torch", r"test_saving_of_begin_block[\s\S]*Command '\['python3'\]' timed out after 10 s",
+     "its `python3` subprocess must import torch and poptorch within 10 s: on this shared, loaded "
+     "machine `import torch` alone takes 12 s wall (2.9 s CPU). Run without the limit, the "
+     "subprocess prints 'BeginBlock(user_id=1, ipu_id=2)' as the test asks"),
     ("torch", r"test_saving_of_begin_block",
      "loads a whole pickled module in a `python3` subprocess: torch >= 2.6 torch.load defaults "
      "to weights_only=True (REPRODUCTIONS['weights_only']), and `python3` on PATH has no torch"),
@@ -127,9 +131,14 @@ RULES: list[tuple[str, str, str]] = [
      "reads PopART's 'Reading random seed' on save: the device RNG is torch's here, there is no "
      "device seed to read back"),
     ("log/IR", r"lossScaling=\d|defaultVelocityScaling", "reads PopART's optimizer log"),
-    ("log/IR", r"unexpected optimizer attribute|unexpected group \\d attribute",
-     "expects the 'Ignoring unexpected ...' warning for initial_lr / step set after compiling; "
-     "poptorch_sim does not warn about those two (LR schedulers add initial_lr)"),
+    ("log/IR", r"poplar_executor_test::test_distributed_compile[\s\S]*no attribute 'group'",
+     "times the executable cache's lock from PopTorch's C++ log lines ('cache file locked', "
+     "'released the cache lock'): with log checks made to pass, no such line is found to read "
+     "a time from"),
+    ("behaviour", r"unexpected optimizer attribute|unexpected group \\d attribute|"
+     r"Ignoring unexpected (optimizer|group \d) attribute",
+     "PopTorch's documented 'Ignoring unexpected ...' warning (relaxOptimizerAttributesChecks) "
+     "is missing, or given where PopTorch gives none"),
     ("log/IR", r"copyWeightsToHost\(\)",
      "reads PopTorch's 'Implicit copyWeightsToHost()' before an optimizer state upload "
      "(PopART's weight buffers are rewritten by it; there is no such buffer here)"),
