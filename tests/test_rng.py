@@ -9,6 +9,7 @@ numbers (``random_sampling_test::test_random_seed_repeatability``).
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import threading
@@ -252,3 +253,35 @@ def test_a_pickled_model_keeps_its_seed() -> None:
     expected = model(x)
     copy = pickle.loads(pickle.dumps(model))
     torch.testing.assert_close(copy(x), expected, rtol=0, atol=0)  # compiles and seeds again
+
+
+class Branches(nn.Module):
+    """Blocks A and B both draw, and B takes nothing from A: their order is not fixed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(16, 4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with poptorch.Block("A", ipu_id=0):
+            h = self.drop(self.a(x))
+        with poptorch.Block("B", ipu_id=1):
+            g = self.drop(self.b(x))
+        with poptorch.Block("C", ipu_id=2):
+            return self.c(torch.cat([h, g], dim=1))
+
+
+@pytest.mark.parametrize("model, keys", [(Branches, [0, 1, 0]), (lambda: Dropped(True), [0, 0])])
+def test_stages_that_do_not_follow_each_other_draw_from_streams_of_their_own(
+    model: Any, keys: list[int]
+) -> None:
+    opts = poptorch.Options().deviceIterations(4).randomSeed(2).autoRoundNumIPUs(True)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.SameAsIpu))
+    inference = poptorch.inferenceModel(model().train(), opts)
+    x = torch.ones(4, 8)
+    first = inference(x)
+    executors = inference._executable.program.runtime.stage_executors()
+    assert [executors[s].stream_key for s in sorted(executors)] == keys
+    again = poptorch.inferenceModel(copy.deepcopy(inference.model), opts)
+    torch.testing.assert_close(again(x), first, rtol=0, atol=0)
