@@ -65,7 +65,7 @@ def _training(path: str, seed: int | None = 5, state: dict | None = None) -> Any
     if state is not None:
         net.load_state_dict(state)
     return poptorch.trainingModel(
-        net, _options(path, seed), torch.optim.SGD(net.parameters(), lr=0.1)
+        net, _options(path, seed), poptorch.optim.SGD(net.parameters(), lr=0.1)
     )
 
 
