@@ -65,7 +65,7 @@ def _training(path: str, seed: int | None = 5, state: dict | None = None) -> Any
     if state is not None:
         net.load_state_dict(state)
     return poptorch.trainingModel(
-        net, _options(path, seed), torch.optim.SGD(net.parameters(), lr=0.1)
+        net, _options(path, seed), poptorch.optim.SGD(net.parameters(), lr=0.1)
     )
 
 
@@ -285,3 +285,25 @@ def test_stages_that_do_not_follow_each_other_draw_from_streams_of_their_own(
     assert [executors[s].stream_key for s in sorted(executors)] == keys
     again = poptorch.inferenceModel(copy.deepcopy(inference.model), opts)
     torch.testing.assert_close(again(x), first, rtol=0, atol=0)
+
+
+def test_detach_reads_the_states_back_and_attach_writes_them(caplog: Any) -> None:
+    # weights_writing_test::test_save_everything: detachFromDevice reads the RNG and optimizer
+    # states back; the next call attaches and writes them; the numbers carry on.
+    state = Dropped(False).state_dict()
+    models = [_training("eager", 42, state) for _ in range(2)]
+    for model in models:
+        model(X)
+    with caplog.at_level("DEBUG", logger="poptorch::python"):
+        models[0].detachFromDevice()
+        for line in ("Reading random seed", "Reading RNG state", "Detached from device"):
+            assert line in caplog.text, line
+        caplog.clear()
+        out = models[0](X)
+        for line in (
+            "Setting random seed to",
+            "Setting RNG state",
+            "optimiser state tensors from host",
+        ):
+            assert line in caplog.text, line
+    torch.testing.assert_close(out, models[1](X), rtol=0, atol=0)

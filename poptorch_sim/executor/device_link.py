@@ -143,9 +143,12 @@ class DeviceLink:
         self.dirty_host_weights = False
         self.host_weights_version += 1
 
-    def copy_to_host_if_needed(self) -> bool:
-        """Download if the device trained since the last download; whether it did."""
+    def copy_to_host_if_needed(self, implicit: bool = False) -> bool:
+        """Download if the device trained since the last download; whether it did.
+        ``implicit``: say so as PopTorch does when something else needs the host weights."""
         if self._training and self.dirty_host_weights and self._device is not None:
+            if implicit:
+                logger.debug("Implicit copyWeightsToHost()")
             self._download()
             return True
         return False

@@ -199,11 +199,17 @@ class PoplarExecutor:
         self._attach()
 
     def detachFromDevice(self) -> None:
-        """Read weights (training) back to the host and release the device."""
+        """Read weights (training), the optimizer state and the RNG state back to the host and
+        release the device."""
         self._require_executable()
         if not self._link.attached:
             raise Error("Device is not attached")
+        # PopTorch reads the RNG and optimizer states back here and writes them at attach.
+        self._rng_pending = self.rng_state
+        if self._optim is not None:
+            self._optim.read_state_for_detach()
         self._link.detach()
+        logger.debug("Detached from device")
 
     def isAttachedToDevice(self) -> bool:
         """Whether the device is attached (False when not compiled)."""
@@ -273,7 +279,7 @@ class PoplarExecutor:
             Error: the model has not been compiled.
         """
         exe = self._require_executable()
-        self._link.copy_to_host_if_needed()
+        self._link.copy_to_host_if_needed(implicit=True)
         optimizer = self._optim.optimizer if self._optim is not None else None
         serialization.write(
             filename,

@@ -83,6 +83,15 @@ class OptimizerLink:
         if getattr(self._optimizer, "ipu_state_is_dirty", False):
             connect_state(self._options, self._optimizer, self._executable)
 
+    def read_state_for_detach(self) -> None:
+        """Read the device state into the user's optimizer; it is written back at attach."""
+        opt = self._optimizer
+        if self._executable is None or not hasattr(opt, "_set_state_reader"):
+            return
+        opt.state_dict()
+        if opt.has_state():
+            opt.ipu_state_is_dirty = True
+
     def after_run(self) -> None:
         """The device stepped: the host state is stale, and LR schedulers must not warn (the
         user's optimizer never steps on the host)."""
