@@ -17,11 +17,16 @@ row's error, and the mean and maximum error.
 * ResNet-50 v1.5: one IPU per replica, 16 replicas, micro-batch 20, GA 6 (v1.0) and GA 10
   (v1.1), FP16, SGD with momentum.
 
-``--fit`` searches the calibrated parameters ([Note: calibration] in
+``--cost`` measures what the time estimate adds to a compile, for the models of
+``benchmarks/models.py`` (its FULL sizes, pipelined training): the op counting in the shared
+analysis's fake forward (the analysis run again with and without it) and the estimate itself,
+against the whole compile.
+
+``--fit`` searches the fitted parameters ([Note: calibration] in
 ``poptorch_sim/timing/calibration.py``) on these four rows and prints the best; the rows are the
 only data the model is fitted on.
 
-Run: ``python benchmarks/ipu_time.py [--fit] [--only bert|resnet]``
+Run: ``python benchmarks/ipu_time.py [--fit] [--only bert|resnet] [--cost]``
 """
 
 from __future__ import annotations
@@ -113,7 +118,8 @@ class PackedBertPretraining(nn.Module):
             (logits + self.decoder_bias).float().flatten(0, 1), labels.flatten()
         )
         nsp = self.nsp(hidden[:, :3]).float().flatten(0, 1)
-        return mlm + nn.functional.cross_entropy(nsp, nsp_labels.flatten())
+        loss = mlm + nn.functional.cross_entropy(nsp, nsp_labels.flatten())
+        return poptorch.identity_loss(loss, reduction="none")
 
 
 class ResNetTraining(nn.Module):
@@ -202,28 +208,97 @@ def errors(rows: list[Compiled], cal: Calibration) -> list[float]:
 
 
 def fit(rows: list[Compiled]) -> Calibration:
-    """The parameters with the smallest maximum error over ``rows`` (a grid search)."""
+    """``amp_efficiency`` and ``conv_efficiency`` with the smallest maximum error over ``rows``
+    (a coarse grid, then a fine one around its best); the set parameters are kept."""
     best, best_err = CALIBRATION, float("inf")
-    amps = [0.20 + 0.01 * i for i in range(61)]
-    supersteps = [250.0 * i for i in range(0, 41)]
-    for amp, sync in itertools.product(amps, supersteps):
-        cal = Calibration(amp, CALIBRATION.memory_efficiency, sync)
-        err = max(abs(e) for e in errors(rows, cal))
-        if err < best_err:
-            best, best_err = cal, err
+    grid = [0.05 * i for i in range(1, 20)]
+    grids = [(grid, grid)]
+    for level in range(2):
+        for amp, conv in itertools.product(*grids[level]):
+            cal = dataclasses.replace(CALIBRATION, amp_efficiency=round(amp, 3),
+                                      conv_efficiency=round(conv, 3))  # fmt: skip
+            err = max(abs(e) for e in errors(rows, cal))
+            if err < best_err:
+                best, best_err = cal, err
+        grids.append(tuple(
+            [round(v + 0.005 * i, 3) for i in range(-10, 11) if 0 < v + 0.005 * i <= 1]
+            for v in (best.amp_efficiency, best.conv_efficiency)
+        ))  # fmt: skip
     return best
+
+
+class _NoCounter:
+    """Stands in for ``OpCounter`` to time the analysis without op counting."""
+
+    def __init__(self) -> None:
+        from poptorch_sim.analysis import OpTotals
+
+        self.totals = OpTotals()
+
+    def __enter__(self) -> _NoCounter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _analysis_seconds(exe: Any, count: bool, repeats: int = 3) -> float:
+    from poptorch_sim.analysis.program import analyse_program
+    from poptorch_sim.memory import activations
+
+    first = exe.layout.micro_batch(exe.inputs, 0, 0, 0)
+    real = activations.OpCounter
+    activations.OpCounter = real if count else _NoCounter  # type: ignore[misc]
+    try:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            analyse_program(exe.program, first, exe.trainer is not None)
+            times.append(time.perf_counter() - start)
+        return min(times)
+    finally:
+        activations.OpCounter = real  # type: ignore[misc]
+
+
+def cost() -> None:
+    """Print what the time estimate adds to the compile of each model of models.py."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import models
+
+    print(f"{'model':<22}{'compile':>10}{'counting':>10}{'estimate':>10}{'share':>8}")
+    for key, case in models.CASES.items():
+        size = dataclasses.replace(models.FULL, ga=max(models.FULL.ga, 2 * case.stages - 1))
+        torch.manual_seed(0)
+        model = case.build(size)
+        batch = case.batch(size.micro * size.ga, size)
+        _, sim = models.sim_call(case, model, batch, size, "pipelined", True)
+        start = time.perf_counter()
+        sim.compile(**batch)
+        compile_s = time.perf_counter() - start
+        exe = sim._executable
+        counting = max(0.0, _analysis_seconds(exe, True) - _analysis_seconds(exe, False))
+        estimate_s = poptorch.time_report(sim).seconds
+        share = (counting + estimate_s) / compile_s
+        print(f"{key:<22}{compile_s:>9.2f}s{1e3 * counting:>8.1f}ms{1e3 * estimate_s:>8.1f}ms"
+              f"{100 * share:>7.1f}%")  # fmt: skip
+        sim.destroy()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="fit the parameters on these rows")
     parser.add_argument("--only", choices=("bert", "resnet"), help="one model's rows")
+    parser.add_argument("--cost", action="store_true", help="the estimate's share of compiles")
     args = parser.parse_args(argv)
+    if args.cost:
+        cost()
+        return 0
     cache: dict[tuple[str, int], Compiled] = {}
     rows = [compile_row(r, cache) for r in ROWS if args.only in (None, r.model)]
+    start = time.perf_counter()
     cal = fit(rows) if args.fit else CALIBRATION
     if args.fit:
-        print(f"fitted: {cal}")
+        print(f"fitted in {time.perf_counter() - start:.0f} s: {cal}")
     print(f"BERT sequences per pack (SPFHP, at most 3, Wikipedia histogram): "
           f"{sequences_per_pack():.3f}")  # fmt: skip
     print(f"{'row':<24}{'published':>12}{'predicted':>12}{'error':>9}{'compile':>10}")

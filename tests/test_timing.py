@@ -260,3 +260,86 @@ def test_time_report_needs_a_compiled_model() -> None:
 def test_calibrated_efficiencies_never_exceed_the_hardware() -> None:
     assert 0 < CALIBRATION.amp_efficiency <= 1 and 0 < CALIBRATION.memory_efficiency <= 1
     assert CALIBRATION.superstep_cycles >= 0
+
+
+class Uneven(nn.Module):
+    """Four wide layers then four narrow ones: a stage of one wide layer is 4x a narrow one."""
+
+    def __init__(self, user_blocks: tuple[int, ...]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(256, 1024 if i < 4 else 256), nn.ReLU(),
+                          nn.Linear(1024 if i < 4 else 256, 256))
+            for i in range(8)
+        )  # fmt: skip
+        for ipu, i in enumerate(user_blocks):
+            poptorch.BeginBlock(self.layers[i], f"u{ipu}", ipu_id=ipu)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return nn.functional.mse_loss(x, y)
+
+
+def test_the_time_planner_balances_predicted_time_and_states_the_speedup() -> None:
+    from poptorch_sim.timing.planner import plan_time
+
+    net = Uneven((0, 5, 6, 7))  # the four wide layers on IPU 0
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(16)
+    x = torch.randn(2048, 256)  # compute-bound: a wide layer costs about 4 narrow ones
+    suggestion = plan_time(net, (x, x.clone()), opts, 4, optimizer="sgd")
+    # the wide layers spread over the IPUs: a slowest stage of about 2 wide layers (8 narrow)
+    # against the user's 4 wide and a narrow one (17 narrow)
+    starts = [int(b.split(".")[1]) for b in suggestion.blocks]
+    assert starts[0] == 0 and starts[2] <= 3
+    assert suggestion.user_blocks == ["layers.0", "layers.5", "layers.6", "layers.7"]
+    assert 1.5 < suggestion.speedup <= 17 / 8 + 0.05
+    assert "predicted" in str(suggestion) and "as fast" in str(suggestion)
+    suggestion.apply(net)
+    model = poptorch.trainingModel(net, _options(16), torch.optim.SGD(net.parameters(), lr=0.1))
+    model.compile(torch.randn(16 * 4, 256), torch.randn(16 * 4, 256))
+    ipus = poptorch.time_report(model).ipus
+    assert len(ipus) == 4
+
+
+def test_the_memory_command_prints_the_time_report_too(tmp_path: object) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(str(tmp_path)) / "train.py"
+    script.write_text(
+        "import torch, poptorch\n"
+        "model = poptorch.inferenceModel(torch.nn.Linear(8, 8))\n"
+        "model(torch.randn(2, 8))\n"
+    )
+    repo = Path(__file__).resolve().parent.parent
+    env_vars = {**os.environ, "PYTHONPATH": str(repo), "POPTORCH_SIM_IPU_VERSION": "21"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "poptorch_sim.memory", str(script)],
+        capture_output=True, text=True, env=env_vars, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Memory per IPU" in proc.stdout
+    assert "Time per call (prediction for Bow IPUs at 1.850 GHz" in proc.stdout
+
+
+def test_the_gantt_chart_lays_out_ga_plus_2_n_minus_1_cycles(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from poptorch_sim.timing.plot import timeline
+
+    n, ga = 3, 6
+    report = poptorch.time_report(_training(Chain(n), _options(ga, recompute=0), mb=4))
+    bars = timeline(report)
+    for ipu in range(n):  # every micro-batch forward and backward once per IPU
+        kinds = [what for _, _, what in bars[ipu]]
+        assert kinds.count("forward") == kinds.count("backward") == ga
+    # the first IPU's last backward ends in the last cycle
+    cycle = bars[1][0][0]  # IPU 1 starts one cycle late
+    last = max(start + length for start, length, what in bars[0] if what == "backward")
+    assert (ga + 2 * (n - 1) - 1) * cycle < last <= (ga + 2 * (n - 1)) * cycle * (1 + 1e-9)
+    path = report.plot(str(Path(str(tmp_path)) / "gantt.png"))
+    assert Path(path).stat().st_size > 0

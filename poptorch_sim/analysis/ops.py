@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 
 __all__ = ["OpCounter", "OpTotals", "op_kind"]
 
@@ -32,7 +32,8 @@ __all__ = ["OpCounter", "OpTotals", "op_kind"]
 _MEMORY_OPS = frozenset(
     """
     sum mean amax amin max min var var_mean std std_mean prod norm linalg_vector_norm argmax argmin
-    cumsum cumprod logsumexp softmax _softmax log_softmax _log_softmax _softmax_backward_data
+    cumsum cumprod logsumexp softmax _softmax _safe_softmax log_softmax _log_softmax
+    _softmax_backward_data
     native_layer_norm native_batch_norm _native_batch_norm_legit
     _native_batch_norm_legit_functional _native_batch_norm_legit_no_training native_group_norm
     layer_norm batch_norm group_norm embedding embedding_dense_backward index_select gather
@@ -61,18 +62,30 @@ _VIEW_OPS = frozenset(
 )
 
 
+# Attention kernels flop_counter leaves out (CPU's): (query, key, value) are their first inputs.
+_ATTENTION = frozenset(("_scaled_dot_product_flash_attention_for_cpu",))
+
+
 def op_kind(func: Any) -> str:
     """``"compute"``, ``"view"``, ``"memory"`` or ``"unknown"`` for an aten op overload."""
     packet = getattr(func, "overloadpacket", None)
-    if packet in flop_registry:
-        return "compute"
     name = getattr(packet, "__name__", str(func))
+    if packet in flop_registry or name in _ATTENTION:
+        return "compute"
     if name in _VIEW_OPS or getattr(func, "is_view", False):
         return "view"
     tags = getattr(func, "tags", ())
     if torch.Tag.pointwise in tags or name in _MEMORY_OPS or name.rstrip("_") in _MEMORY_OPS:
         return "memory"
     return "unknown"
+
+
+def _flops(func: Any, args: Any, kwargs: Any, out: Any) -> int:
+    packet = func.overloadpacket
+    if packet in flop_registry:
+        return int(flop_registry[packet](*args, **kwargs, out_val=out))
+    q, k, v = args[:3]
+    return int(sdpa_flop_count(q.shape, k.shape, v.shape))
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -84,7 +97,8 @@ class OpTotals:
     """One forward of a stage for one micro-batch, summed by kind.
 
     Attributes:
-        flops: FLOPs of compute ops by dtype name (``"float16"``, ``"float32"``).
+        flops: FLOPs of matmuls (and attention) by dtype name (``"float16"``, ``"float32"``).
+        conv_flops: FLOPs of convolutions by dtype name.
         compute_bytes: bytes compute ops read and write (their operands: exchanged to tiles).
         memory_bytes: bytes memory-bound (and unknown) ops read and write.
         ops: ops that cost something (compute, memory and unknown).
@@ -93,6 +107,7 @@ class OpTotals:
     """
 
     flops: dict[str, int] = field(default_factory=dict)
+    conv_flops: dict[str, int] = field(default_factory=dict)
     compute_bytes: int = 0
     memory_bytes: int = 0
     ops: int = 0
@@ -101,13 +116,14 @@ class OpTotals:
 
     @property
     def total_flops(self) -> int:
-        """FLOPs of every dtype."""
-        return sum(self.flops.values())
+        """FLOPs of every dtype, matmuls and convolutions."""
+        return sum(self.flops.values()) + sum(self.conv_flops.values())
 
     def add(self, other: OpTotals) -> None:
         """Add ``other``'s counts to these."""
-        for k, v in other.flops.items():
-            self.flops[k] = self.flops.get(k, 0) + v
+        for mine, theirs in ((self.flops, other.flops), (self.conv_flops, other.conv_flops)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
         self.compute_bytes += other.compute_bytes
         self.memory_bytes += other.memory_bytes
         self.ops += other.ops
@@ -146,9 +162,10 @@ class OpCounter(TorchDispatchMode):
         totals = self.totals
         totals.ops += 1
         if kind == "compute":
-            flops = int(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
+            flops = _flops(func, args, kwargs, out)
             dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else "float32"
-            totals.flops[dtype] = totals.flops.get(dtype, 0) + flops
+            into = totals.conv_flops if "conv" in str(func.overloadpacket) else totals.flops
+            into[dtype] = into.get(dtype, 0) + flops
             totals.compute_bytes += nbytes
             totals.compute_ops += 1
             return

@@ -4,8 +4,8 @@
 For one replica (every replica runs the same program in step), per micro-batch on IPU ``i``:
 
 ===============  ==============================================================================
-compute          per op of its stages' forward: compute ops FLOPs / (peak at the op's dtype ×
-                 amp_efficiency), memory-bound ops bytes / (on-tile bandwidth ×
+compute          per op of its stages' forward: matmuls FLOPs / (peak at the op's dtype ×
+                 amp_efficiency), convolutions the same with conv_efficiency, memory-bound ops bytes / (on-tile bandwidth ×
                  memory_efficiency). Backward costs twice its forward (an input gradient and a
                  weight gradient per matmul; pointwise ops read twice what they wrote), a
                  recomputing stage runs its forward a second time in backward
@@ -38,6 +38,7 @@ slowest hop). A call is DI steps; ``cycleCount()`` is the call's seconds × the 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +84,9 @@ def pass_cost(ops: OpTotals, hw: IpuHardware, cal: Calibration = CALIBRATION) ->
     """Seconds of one forward counted in ``ops`` on IPU ``hw``. See [Note: what a call costs]."""
     compute = sum(
         flops / (hw.peak_flops(dtype) * cal.amp_efficiency) for dtype, flops in ops.flops.items()
+    ) + sum(
+        flops / (hw.peak_flops(dtype) * cal.conv_efficiency)
+        for dtype, flops in ops.conv_flops.items()
     )
     memory_bw = hw.tiles * hw.memory_bytes_per_cycle * hw.clock_hz
     compute += ops.memory_bytes / (memory_bw * cal.memory_efficiency)
@@ -106,6 +110,7 @@ class _IpuWork:
     ipu: int
     stages: tuple[int, ...]
     fwd: PassCost = PassCost()
+    per_stage: list[tuple[int, int, float, float]] = dataclasses.field(default_factory=list)
     passes: PassCost = PassCost()  # forward + backward (+ recompute) of one micro-batch
     copies: float = 0.0
     host_io: float = 0.0
@@ -131,10 +136,13 @@ def _ipu_work(
         for s in mine:
             act = by_stage.get(s)
             ops = act.ops if act is not None and act.ops is not None else OpTotals()
-            work.fwd = work.fwd + pass_cost(ops, hw, cal)
-            crosses = ipu_of.get(s + 1, ipu) != ipu
-            if crosses and act is not None:
-                work.copies += act.outputs * (2 if settings.training else 1) / hw.link_bytes_per_s
+            fwd = pass_cost(ops, hw, cal)
+            work.fwd = work.fwd + fwd
+            copy = 0.0
+            if ipu_of.get(s + 1, ipu) != ipu and act is not None:
+                copy = act.outputs * (2 if settings.training else 1) / hw.link_bytes_per_s
+            work.copies += copy
+            work.per_stage.append((s, ipu, fwd.total, copy))
         backward = 2.0 + (1.0 if settings.recompute else 0.0)
         work.passes = work.fwd * (1.0 + (backward if settings.training else 0.0))
         if ipu == first_ipu and not settings.io_tiles:
@@ -245,6 +253,7 @@ def estimate(
         settings=_summary(settings, analysis),
         unknown_ops=unknown,
         notes=_notes(settings, unknown),
+        stages=sorted(st for w in works for st in w.per_stage),
     )
 
 
@@ -287,6 +296,7 @@ def _unknown_ops(analysis: ProgramAnalysis) -> list[str]:
 
 def _summary(settings: TimeSettings, analysis: ProgramAnalysis) -> dict[str, Any]:
     return {
+        "training": settings.training,
         "device_iterations": settings.device_iterations,
         "gradient_accumulation": settings.gradient_accumulation,
         "replicas": settings.replicas,

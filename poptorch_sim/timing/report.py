@@ -79,6 +79,8 @@ class TimeReport:
         unknown_ops: ops the cost model does not know (counted as memory-bound).
         notes: what the estimate assumed.
         seconds: how long the estimate took.
+        stages: ``(stage, ipu, forward seconds, copy seconds)`` of one micro-batch, per stage
+            (what the Gantt chart lays out).
     """
 
     ipu_version: int
@@ -96,6 +98,7 @@ class TimeReport:
     unknown_ops: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    stages: list[tuple[int, int, float, float]] = field(default_factory=list)
 
     @property
     def cycles(self) -> int:
