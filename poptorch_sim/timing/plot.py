@@ -51,6 +51,20 @@ def _micro_batch(report: TimeReport, ipu: int, k: int, bars: list[Bar], t: float
     return t
 
 
+def _one_at_a_time(report: TimeReport, bars: dict[int, list[Bar]]) -> float:
+    """Sharded: each micro-batch through the IPUs in turn, forward then backward."""
+    training, recompute = _passes(report)
+    end = 0.0
+    for _ in range(report.micro_batches):
+        for _s, ipu, fwd, copy in report.stages:
+            bars[ipu].append((end, fwd, "forward"))
+            end += fwd + copy
+        for _s, ipu, fwd, copy in reversed(report.stages if training else []):
+            bars[ipu].append((end, fwd * (2 + recompute), "backward"))
+            end += fwd * (2 + recompute) + copy
+    return end
+
+
 def timeline(report: TimeReport) -> dict[int, list[Bar]]:
     """Per IPU, the bars of one optimizer step (or one inference call) of ``report``."""
     training, recompute = _passes(report)
@@ -64,15 +78,8 @@ def timeline(report: TimeReport) -> dict[int, list[Bar]]:
             for ipu in ipus:
                 _micro_batch(report, ipu, k, bars[ipu], k * cycle)
         end = report.pipeline_cycles * cycle
-    else:  # one IPU at a time
-        end = 0.0
-        for m in range(report.micro_batches):
-            for s, ipu, fwd, copy in report.stages:
-                bars[ipu].append((end, fwd, "forward"))
-                end += fwd + copy
-            for s, ipu, fwd, copy in reversed(report.stages if training else []):
-                bars[ipu].append((end, fwd * (2 + recompute), "backward"))
-                end += fwd * (2 + recompute) + copy
+    else:
+        end = _one_at_a_time(report, bars)
     steps = max(1, int(report.settings.get("device_iterations", 1))) if training else 1
     for t in report.ipus:
         update, reduce = t.weight_update / steps, t.all_reduce / steps
@@ -94,7 +101,7 @@ def plot_report(report: TimeReport, path: str) -> None:
     bars = timeline(report)
     fig = Figure(figsize=(10, 1.2 + 0.6 * len(bars)))
     ax = fig.subplots()
-    for row, (ipu, items) in enumerate(sorted(bars.items())):
+    for row, (_ipu, items) in enumerate(sorted(bars.items())):
         for what in _COLOURS:
             spans = [(1e3 * start, 1e3 * length) for start, length, w in items if w == what]
             if spans:
