@@ -7,6 +7,7 @@
     estimate.py     the cost model ([Note: what a call costs])
     build.py        the compile hook
     plot.py         the Gantt chart
+    planner.py      ``BeginBlock`` positions by predicted time (``plan_time``)
 
 The estimate reads the same analysis of the compiled program as the memory estimate
 (``analysis/``): nothing runs on the IPUs, and no run is needed. ``model.cycleCount()`` (with
@@ -26,6 +27,7 @@ from typing import Any
 from ..errors import Error
 from .calibration import CALIBRATION, Calibration
 from .hardware import BOW, IPU_VERSIONS, MK2, IpuHardware, ipu_hardware
+from .planner import TimePlan, plan_time
 from .report import CATEGORIES, IpuTime, TimeReport
 
 __all__ = [
@@ -37,8 +39,10 @@ __all__ = [
     "IpuHardware",
     "IpuTime",
     "MK2",
+    "TimePlan",
     "TimeReport",
     "ipu_hardware",
+    "plan_time",
     "time_report",
 ]
 
