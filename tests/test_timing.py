@@ -343,3 +343,26 @@ def test_the_gantt_chart_lays_out_ga_plus_2_n_minus_1_cycles(tmp_path: object) -
     assert (ga + 2 * (n - 1) - 1) * cycle < last <= (ga + 2 * (n - 1)) * cycle * (1 + 1e-9)
     path = report.plot(str(Path(str(tmp_path)) / "gantt.png"))
     assert Path(path).stat().st_size > 0
+
+
+def test_a_profiled_run_has_predicted_ipu_tracks_beside_the_host_tracks(tmp_path: object) -> None:
+    import json
+    from pathlib import Path
+
+    folder = Path(str(tmp_path))
+    opts = poptorch.Options().enableProfiling(str(folder))
+    opts.Training.gradientAccumulation(4)
+    net = Chain(2, width=64)
+    model = poptorch.trainingModel(net, opts, torch.optim.SGD(net.parameters(), lr=0.1))
+    x = torch.randn(8, 64)
+    model(x, x.clone())
+    model.destroy()
+    trace = json.loads(next(folder.glob("execution_trace_*.json")).read_text())["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    predicted = next(pid for pid, name in processes.items() if name == "predicted IPU time")
+    tracks = [e["args"]["name"] for e in trace
+              if e["name"] == "thread_name" and e["pid"] == predicted]  # fmt: skip
+    assert tracks == ["IPU 0 (predicted, Mk2 (GC200))", "IPU 1 (predicted, Mk2 (GC200))"]
+    bars = [e for e in trace if e["pid"] == predicted and e["ph"] == "X"]
+    assert sum(e["name"] == "forward" for e in bars) == 2 * 4  # 4 micro-batches on 2 IPUs
+    assert any(e["pid"] != predicted and e["ph"] == "X" for e in trace)  # the host's own

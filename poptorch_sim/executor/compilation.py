@@ -38,6 +38,7 @@ from ..profiling.trace import TraceRecorder
 from ..runtime.intra_op import resolve_threads_per_ipu
 from ..runtime.io_tiles import IoTiles
 from ..timing.build import at_compile as time_at_compile
+from ..timing.build import trace_tracks
 from .eager import EagerProgram
 from .executable import Executable, Program, to_device_dtype
 from .inputs import BoundArgs
@@ -135,6 +136,9 @@ def build_executable(
     try:
         analysis = analyse_program(program, first, training)
         timing = time_at_compile(analysis, trainer, options)
+        trace = getattr(program, "trace", None)
+        if trace is not None and options.profile_dir:
+            trace_tracks(timing, trace)
         memory = memory_at_compile(program, trainer, options, first, training, analysis, timing)
     except BaseException:
         if isinstance(program, StagedRunner):

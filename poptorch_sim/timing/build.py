@@ -12,7 +12,7 @@ from .estimate import estimate
 from .report import TimeReport
 from .settings import time_settings
 
-__all__ = ["at_compile"]
+__all__ = ["at_compile", "trace_tracks"]
 
 
 def at_compile(analysis: ProgramAnalysis, trainer: Any, options: Any) -> TimeReport:
@@ -32,3 +32,14 @@ def at_compile(analysis: ProgramAnalysis, trainer: Any, options: Any) -> TimeRep
     report = replace(report, seconds=time.perf_counter() - start)
     logger.debug("poptorch_sim time estimate (%.1f ms):\n%s", 1e3 * report.seconds, report)
     return report
+
+
+def trace_tracks(report: TimeReport, trace: Any) -> None:
+    """Put one predicted step per IPU beside the host's tracks of an execution trace
+    (``TraceRecorder.predicted``), in microseconds from the trace's start."""
+    from .plot import timeline
+
+    for ipu, bars in timeline(report).items():
+        trace.predicted[f"IPU {ipu} (predicted, {report.hardware})"] = [
+            (1e6 * start, 1e6 * length, what) for start, length, what in bars
+        ]
