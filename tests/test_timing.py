@@ -366,3 +366,16 @@ def test_a_profiled_run_has_predicted_ipu_tracks_beside_the_host_tracks(tmp_path
     bars = [e for e in trace if e["pid"] == predicted and e["ph"] == "X"]
     assert sum(e["name"] == "forward" for e in bars) == 2 * 4  # 4 micro-batches on 2 IPUs
     assert any(e["pid"] != predicted and e["ph"] == "X" for e in trace)  # the host's own
+
+
+def test_cycle_count_of_one_of_several_instances_warns_which_it_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from poptorch_sim.executor.inspection import cycle_count
+
+    report = poptorch.time_report(_training(Chain(2), _options(4), mb=2))
+    opts = poptorch.Options().logCycleCount(True)
+    opts.Distributed.configureProcessId(0, 4)
+    with caplog.at_level(logging.WARNING, logger="poptorch::python"):
+        assert cycle_count(opts, True, report) == report.cycles
+    assert "cycleCount() predicts one instance of 4 (Distributed.numProcesses)" in caplog.text
