@@ -64,15 +64,23 @@ def analyse_program(program: Any, first: Any, training: bool) -> ProgramAnalysis
     batch = next((t.shape[0] for t in tensors if t.dim() > 0), 1)
     if staged is not None:
         stages = [(s.index, s.ipu, s.module) for s in staged.stages]
-        acts = stage_activations(staged.stages, program._inputs(first), training)
+        inputs = program._inputs(first)
+        if not training:  # a forward that edits its inputs in place must not reach the caller's
+            memo: dict[int, torch.Tensor] = {}
+            inputs = {k: memo.setdefault(id(v), v.clone()) if isinstance(v, torch.Tensor) else v
+                      for k, v in inputs.items()}  # fmt: skip
+        acts = stage_activations(staged.stages, inputs, training)
         mode = staged.meta.get("mode", "pipelined")
         schedule_name = program.runtime.schedule_name
         recompute = staged.meta.get("recompute")
     else:
         stages = [(0, 0, program.model)]
-        # replica-grouped weights: a replica computes with one group's value
-        with grouped_variables(getattr(program, "grouped", []), program.model, 0):
-            acts = [model_activations(program.model, first.args, first.kwargs, training)]
+        if training:
+            # replica-grouped weights: a replica computes with one group's value
+            with grouped_variables(getattr(program, "grouped", []), program.model, 0):
+                acts = [model_activations(program.model, first.args, first.kwargs, training)]
+        else:  # the forward the program ran at prepare: a model's Python runs once at compile
+            acts = [StageActivations(0, 0, 0, host, "inference", ops=program.ops)]
         mode, schedule_name, recompute = "single IPU", "sharded", None
     return ProgramAnalysis(
         stages, acts, mode, schedule_name, recompute, training, host, int(batch),
