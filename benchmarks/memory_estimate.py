@@ -7,6 +7,13 @@ the model ``N`` times and prints the median compile time, the median time of the
 inside it, its share of the compile and the ratio compile / estimate; then it trains one step with the probe on and prints, summed over the
 IPUs, the estimated and measured bytes of weights, optimizer state and peak activations, with
 the largest per-IPU relative difference of the activations.
+
+Then (not with ``--quick``; alone with ``--published``) Graphcore's published MLPerf Training
+configurations (``benchmarks/published``: BERT-Large [3,7,7,7] at micro-batch 2, GA 192, 4
+replicas, LAMB state off chip with RTS; ResNet-50 at micro-batch 20, GA 6 and 10, 16 replicas),
+built on the meta device and compiled offline: the memory used on each IPU of a replica (they
+ran on hardware, so none may be over 100%), the seconds the offline compile took and the
+process's peak resident memory after it.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import test_memory as cases  # noqa: E402
+from published import CONFIGURATIONS, compile_published  # noqa: E402
 
 import poptorch_sim as poptorch  # noqa: E402
 from poptorch_sim.memory import measure, memory_report  # noqa: E402
@@ -74,25 +83,53 @@ def run(case: str, repeats: int) -> str:
     )
 
 
+def published_row(config: Any) -> str:
+    """One published configuration: its memory per IPU (% of the limit), compile seconds."""
+    start = time.perf_counter()
+    model = compile_published(config)
+    seconds = time.perf_counter() - start
+    report = memory_report(model)
+    model.destroy()
+    used = " ".join(f"{100 * m.total / m.limit:5.1f}%" for m in report.ipus)
+    over = " OUT OF MEMORY" if report.over_limit else ""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return f"{config.name:<38} {config.source:<40} {seconds:6.1f} {peak:5.2f}  {used}{over}"
+
+
+def print_published() -> None:
+    print(f"\n{'published configuration':<38} {'result':<40} {'compile':>6} {'peak':>5}  "
+          "memory used per IPU of a replica")  # fmt: skip
+    print(f"{'':<38} {'':<40} {'s':>6} {'GiB':>5}")
+    for config in CONFIGURATIONS:
+        print(published_row(config), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="the MLPs only, compiled once")
+    parser.add_argument("--published", action="store_true",
+                        help="only the published configurations")  # fmt: skip
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
     load = os.getloadavg()[0]
     print(f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, commit {commit}, "
           f"{os.cpu_count()} CPUs, load average {load:.1f}, torch {torch.__version__}")  # fmt: skip
-    print(f"{'model':<38} {'compile':>7} {'est.':>7} {'share':>6} {'ratio':>7}  "
-          f"{'weights est/meas':>17} {'opt. state est/meas':>17} {'activations est/meas':>17} "
-          "worst")  # fmt: skip
-    print(f"{'':<38} {'ms':>7} {'ms':>7}")
     chosen = [*cases.CASES, *cases.transformers_cases]
     if args.quick:
         chosen = [c for c in chosen if c.startswith("mlp")]
+    if args.published:
+        chosen = []
+    if chosen:
+        print(f"{'model':<38} {'compile':>7} {'est.':>7} {'share':>6} {'ratio':>7}  "
+              f"{'weights est/meas':>17} {'opt. state est/meas':>17} "
+              f"{'activations est/meas':>17} worst")  # fmt: skip
+        print(f"{'':<38} {'ms':>7} {'ms':>7}")
     for case in chosen:
         print(run(case, 1 if args.quick else args.repeats), flush=True)
+    if not args.quick:
+        print_published()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The executor's public read-outs (placement, all-reduce figures, batch layout) and its shape."""
+"""The executor's public read-outs (placement, stages, all-reduce, batch layout) and its shape."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import poptorch_sim as poptorch
-from poptorch_sim.executor import allreduce_stats, batch_layout, placement
+from poptorch_sim.executor import allreduce_stats, batch_layout, placement, staged_parts
 
 EXECUTOR = Path(__file__).resolve().parent.parent / "poptorch_sim" / "executor"
 
@@ -47,6 +47,23 @@ def test_placement_of_one_program_and_of_a_pipeline() -> None:
     assert placed.mode == "split"  # the trial's first run (or a fixed split: one core, pinned)
     single.destroy()
     pipelined.destroy()
+
+
+def test_staged_parts_of_one_program_and_of_a_pipeline() -> None:
+    x, y = torch.randn(4, 4), torch.randn(4, 2)
+    single = poptorch.trainingModel(Net())
+    single.compile(x, y)
+    assert staged_parts(single) is None
+    pipelined = poptorch.trainingModel(Net(blocks=True), _pipelined_options())
+    pipelined.compile(x, y)
+    parts = staged_parts(pipelined)
+    assert parts is not None and [s.ipu for s in parts.stages] == [0, 1]
+    assert sorted(parts.executors) == [0, 1] and parts.trainer is not None
+    assert all(e.probe is None for e in parts.executors.values())
+    single.destroy()
+    pipelined.destroy()
+    with pytest.raises(poptorch.Error, match="has not been compiled"):
+        staged_parts(single)
 
 
 def test_placement_needs_a_compiled_model() -> None:

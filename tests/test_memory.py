@@ -334,6 +334,62 @@ def test_recomputation_checkpoints_match_eager(capture: str) -> None:
         torch.testing.assert_close(weights[name], value)
 
 
+class Chain(nn.Module):
+    """``layers`` x (Linear(64, 64), tanh), each output marked; then a head (on IPU 1 when
+    ``blocks``). One micro-batch of 8 rows: each layer saves its input and its tanh output
+    (2 x 8 x 64 floats = 4096 bytes), and keeps its marked output (2048 bytes)."""
+
+    def __init__(self, layers: int = 4, blocks: bool = True) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(layers))
+        self.head = nn.Linear(64, 5)
+        if blocks:
+            self.layers[0] = poptorch.BeginBlock(self.layers[0], "chain", ipu_id=0)
+            self.head = poptorch.BeginBlock(self.head, "head", ipu_id=1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> Any:
+        for layer in self.layers:
+            x = poptorch.recomputationCheckpoint(torch.tanh(layer(x)))
+        out = self.head(x)
+        return out, nn.functional.cross_entropy(out, y)
+
+
+_LAYER_SAVES, _MARK = 2 * 8 * 64 * 4, 8 * 64 * 4
+
+
+@pytest.mark.parametrize("layers", [2, 4])
+def test_recomputation_holds_one_segment_at_a_time(layers: int) -> None:
+    # See [Note: recomputing one segment at a time]: on top of what the micro-batches in flight
+    # keep, a backward holds one layer's recomputed activations, however many layers the stage
+    # has (before, the whole stage's: layers x 4096 bytes).
+    net = Chain(layers)
+    opts = case_options(8, recompute=True)
+    model = poptorch.trainingModel(net, opts, poptorch.optim.SGD(net.parameters(), lr=0.1))
+    x, y = torch.randn(64, 64), torch.randint(0, 5, (64,))
+    measured = _compare(model, x, y)
+    ipu = memory_report(model).ipus[0]
+    kept = _MARK + layers * _MARK  # the stage's input and each marked output
+    assert ipu.activations_per_micro_batch == {0: kept}
+    assert ipu.activations == kept * ipu.in_flight[0] + _LAYER_SAVES
+    assert measured[0].activations == ipu.activations
+    model.destroy()
+
+
+def test_single_ipu_recompute_all_keeps_the_marks_and_one_segment() -> None:
+    # RecomputeAll on one IPU (Graphcore's ResNet-50 runs so, with marks): one micro-batch in
+    # flight keeps its inputs and marked values, and recomputes one segment at a time.
+    opts = case_options(4)
+    opts._Popart.set("autoRecomputation", 4)
+    net = Chain(4, blocks=False)
+    model = poptorch.trainingModel(net, opts, poptorch.optim.SGD(net.parameters(), lr=0.1))
+    model.compile(torch.randn(32, 64), torch.randint(0, 5, (32,)))
+    ipu = memory_report(model).ipus[0]
+    kept = _MARK + 8 * 8 + 4 * _MARK  # x, the labels (int64) and the four marked outputs
+    assert ipu.activations_per_micro_batch == {0: kept}
+    assert ipu.activations == kept + _LAYER_SAVES
+    model.destroy()
+
+
 @pytest.mark.parametrize(
     ("momentum", "ga", "combined", "velocity"),
     [

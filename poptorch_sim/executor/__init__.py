@@ -1,14 +1,15 @@
 """The executor: what ``trainingModel``/``inferenceModel``/``load`` return, and how it is made.
 
 Public here besides PopTorch's names: ``batch_layout`` (how a model's host batch splits into
-micro-batches) and the read-outs ``placement`` and ``allreduce_stats`` of a compiled model.
+micro-batches) and the read-outs ``placement``, ``allreduce_stats`` and ``staged_parts`` of a
+compiled model.
 """
 
 from __future__ import annotations
 
-from .executor import PoplarExecutor, allreduce_stats, placement
+from .executor import PoplarExecutor, allreduce_stats, placement, staged_parts
 from .hooks import registerPostCompileHook, registerPreCompileHook
-from .inspection import AllReduceStats, Placement
+from .inspection import AllReduceStats, Placement, StagedParts
 from .layout import Layout, batch_layout
 from .wrap import inferenceModel, load, trainingModel
 
@@ -17,6 +18,7 @@ __all__ = [
     "Layout",
     "Placement",
     "PoplarExecutor",
+    "StagedParts",
     "allreduce_stats",
     "batch_layout",
     "inferenceModel",
@@ -24,5 +26,6 @@ __all__ = [
     "placement",
     "registerPostCompileHook",
     "registerPreCompileHook",
+    "staged_parts",
     "trainingModel",
 ]

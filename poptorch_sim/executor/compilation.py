@@ -43,6 +43,7 @@ from .eager import EagerProgram
 from .executable import Executable, Program, to_device_dtype
 from .inputs import BoundArgs
 from .layout import Layout, batch_layout, check_batch
+from .meta import check_meta, on_meta
 from .progress import CompilationBar
 from .replica_groups import GroupedVariable, ReplicaGrouping, check_grouped_optimizer
 from .replicas import ReplicaBuffers
@@ -97,10 +98,13 @@ def build_executable(
 
     Raises:
         Error: a batch that does not split into micro-batches, unknown updatable buffers, cycle
-            counting without hardware, or more IPUs than the machine simulates.
+            counting without hardware, more IPUs than the machine simulates, or a model on the
+            meta device that is not compiled offline.
     """
     layout = batch_layout(options, training)
     check_batch(bound, layout)
+    if check_meta(model, bound, options):  # See [Note: shapes-only models]
+        bound = on_meta(bound)
     overlap_marks()  # forget marks left by eager runs of forward
     bar.update(10)
     # An offline executable never runs: PopTorch compiles it in each process without its

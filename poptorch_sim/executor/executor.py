@@ -37,7 +37,7 @@ from .device_link import DeviceLink
 from .device_tree import shallow_copy
 from .executable import Executable
 from .inputs import ArgsParser, BoundArgs, validate_inputs
-from .inspection import AllReduceStats, Placement
+from .inspection import AllReduceStats, Placement, StagedParts
 from .layout import check_batch
 from .optimizer_link import OptimizerLink
 from .perf import PerfRecord, counters
@@ -45,7 +45,7 @@ from .progress import CompilationBar
 from .replica_groups import GroupingHandle, ReplicaGrouping
 from .synthetic import synthetic_data
 
-__all__ = ["PoplarExecutor", "allreduce_stats", "placement"]
+__all__ = ["PoplarExecutor", "allreduce_stats", "placement", "staged_parts"]
 
 
 class PoplarExecutor:
@@ -435,3 +435,16 @@ def allreduce_stats(model: PoplarExecutor) -> AllReduceStats | None:
     >>> before = allreduce_stats(training).seconds  # doctest: +SKIP
     """
     return inspection.allreduce_stats_of(model._require_executable())
+
+
+def staged_parts(model: PoplarExecutor) -> StagedParts | None:
+    """The stages, stage executors and trainer of a compiled model cut into stages (None for
+    one that runs as one program), for tools that attach to them (``memory.measure``).
+
+    Raises:
+        Error: the model is not compiled.
+
+    >>> staged_parts(training).stages[0].ipu  # doctest: +SKIP
+    0
+    """
+    return inspection.staged_parts_of(model._require_executable())

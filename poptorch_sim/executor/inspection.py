@@ -1,9 +1,10 @@
 """What an executor tells about itself: tensor names, anchors, timings, RNG and placement.
 
 Each read-out is a function of what it reads (the executable, the options, the last run's
-performance record); ``PoplarExecutor`` keeps PopTorch's method names and calls these. Two are
-poptorch_sim's own, for benchmarks and tools: ``Placement`` (where a compiled model's stages run)
-and ``AllReduceStats`` (the gradient all-reduce across processes).
+performance record); ``PoplarExecutor`` keeps PopTorch's method names and calls these. Three are
+poptorch_sim's own, for benchmarks and tools: ``Placement`` (where a compiled model's stages run),
+``AllReduceStats`` (the gradient all-reduce across processes) and ``StagedParts`` (what a memory
+measurement attaches to).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from .staged import StagedRunner
 __all__ = [
     "AllReduceStats",
     "Placement",
+    "StagedParts",
     "allreduce_stats_of",
     "anchored_tensor",
     "cycle_count",
     "latencies",
     "placement_of",
     "set_rng_state",
+    "staged_parts_of",
     "tensor_names",
 ]
 
@@ -80,6 +83,32 @@ def placement_of(exe: Executable) -> Placement:
     stage_ipus = tuple(stage.ipu for stage in program.program.stages)
     share = program.runtime.cores
     return Placement(True, stage_ipus, share.describe(), share.mode())
+
+
+@dataclass(frozen=True)
+class StagedParts:
+    """What tools attach to in a compiled model cut into stages (``memory.measure``).
+
+    Attributes:
+        stages: the program's stages (``StageSpec``: index, IPU, module, inputs, outputs).
+        executors: each stage's executor by stage index; its ``probe`` attribute, None between
+            measurements, is where a ``memory.probe.SavedProbe`` goes.
+        trainer: the device trainer (optimizer snapshot, optimizer, parameters); None for
+            inference.
+    """
+
+    stages: tuple[Any, ...]
+    executors: dict[int, Any]
+    trainer: Any
+
+
+def staged_parts_of(exe: Executable) -> StagedParts | None:
+    """The ``StagedParts`` of a compiled model, or None when it runs as one program."""
+    program = exe.program
+    if not isinstance(program, StagedRunner):
+        return None
+    stages = tuple(program.program.stages)
+    return StagedParts(stages, program.runtime.stage_executors(), exe.trainer)
 
 
 def allreduce_stats_of(exe: Executable) -> AllReduceStats | None:

@@ -38,6 +38,7 @@ from ..program import StagedProgram
 from ..runtime import PipelineRuntime
 from .inputs import BoundArgs
 from .layout import Layout
+from .meta import meta_devices
 from .outputs import OutputCollector
 
 __all__ = ["StagedRunner"]
@@ -76,7 +77,10 @@ class StagedRunner:
         self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
         self.profile_dir: str | None = options.profile_dir
         self.trace = TraceRecorder() if self.profile_dir else None
-        self.runtime = PipelineRuntime(self.program, training=training, trace=self.trace)
+        devices = meta_devices(model, [s.ipu for s in self.program.stages])
+        self.runtime = PipelineRuntime(
+            self.program, training=training, trace=self.trace, devices=devices
+        )
         name = f"execution_trace_{'training' if training else 'inference'}_{next(_serial)}.json"
         finalizer = weakref.finalize(
             self, _close, self.runtime, self.trace, self.profile_dir, name

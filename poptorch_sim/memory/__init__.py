@@ -1,6 +1,7 @@
 """Per-IPU memory: what each IPU of a compiled model holds, checked against its limit.
 
     report.py       MemoryReport / IpuMemory: the table (``str``) and the plot (``.plot``)
+    plot.py         stacked bars against a limit (matplotlib), for ``MemoryReport.plot``
     settings.py     the options that matter (GA, replicas, offload, RTS, recomputation)
     activations.py  bytes saved for backward per stage and micro-batch (meta-tensor forward)
     saved.py        the counting rule shared by estimate and measurement
@@ -93,6 +94,10 @@ class MeasuredIpu:
         optimizer_state_off_chip: the same, held off chip.
         activations: peak bytes saved for backward during the call.
         activations_per_micro_batch: per stage, the most one micro-batch saved (or kept).
+        recomputed_at_once: with recomputation, the most one backward's recomputation saved
+            in all. Simulated: the simulator recomputes all of a stage's segments before
+            differentiating them and holds this for a moment; an IPU holds one segment at a
+            time, which ``activations`` counts.
     """
 
     ipu: int
@@ -101,6 +106,7 @@ class MeasuredIpu:
     optimizer_state_off_chip: int
     activations: int
     activations_per_micro_batch: dict[int, int] = field(default_factory=dict)
+    recomputed_at_once: int = 0
 
 
 def measure(poptorch_model: Any, *args: Any, **kwargs: Any) -> list[MeasuredIpu]:
@@ -116,33 +122,32 @@ def measure(poptorch_model: Any, *args: Any, **kwargs: Any) -> list[MeasuredIpu]
     >>> # for est, got in zip(memory_report(model).ipus, measure(model, x, y)):
     >>> #     print(est.activations, got.activations)
     """
+    from ..executor import staged_parts  # the executor imports memory.build as it loads
+
     if not poptorch_model.isCompiled():
         poptorch_model.compile(*args, **kwargs)
-    exe = poptorch_model._executable
-    runtime = getattr(exe.program, "runtime", None)
-    if runtime is None:
+    parts = staged_parts(poptorch_model)
+    if parts is None:
         raise Error("measure() needs a model with blocks (it runs on IPU worker threads)")
-    program = exe.program.program
-    probe = SavedProbe(program.stages)
-    executors = runtime.stage_executors()
-    for executor in executors.values():
+    probe = SavedProbe(parts.stages)
+    for executor in parts.executors.values():
         executor.probe = probe
     try:
         poptorch_model(*args, **kwargs)
     finally:
-        for executor in executors.values():
+        for executor in parts.executors.values():
             executor.probe = None
     report = memory_report(poptorch_model)
-    return [_measured(ipu, program, exe.trainer, report, probe) for ipu in report.ipus]
+    return [_measured(ipu, parts.stages, parts.trainer, report, probe) for ipu in report.ipus]
 
 
 def _measured(
-    estimate: IpuMemory, program: Any, trainer: Any, report: MemoryReport, probe: SavedProbe
+    estimate: IpuMemory, stages: Any, trainer: Any, report: MemoryReport, probe: SavedProbe
 ) -> MeasuredIpu:
     ipu = estimate.ipu
     seen: dict[int, int] = {}
     params: list[torch.Tensor] = []
-    for spec in program.stages:
+    for spec in stages:
         if spec.ipu != ipu:
             continue
         for t in [*spec.module.parameters(), *spec.module.buffers()]:
@@ -163,4 +168,7 @@ def _measured(
                     nbytes = math.ceil(value.numel() / replicas) * value.element_size()
                     on, off = (on, off + nbytes) if off_chip else (on + nbytes, off)
     per_mb = {s: n for s, n in probe.per_micro_batch.items() if s in estimate.stages}
-    return MeasuredIpu(ipu, sum(seen.values()), on, off, probe.peak.get(ipu, 0), per_mb)
+    return MeasuredIpu(
+        ipu, sum(seen.values()), on, off, probe.peak.get(ipu, 0), per_mb,
+        probe.at_once.get(ipu, 0),
+    )  # fmt: skip

@@ -60,9 +60,10 @@ class StageActivations:
         method: ``"fake"`` or ``"real"`` (ran on the first micro-batch), or ``"failed: ..."``.
         checkpoints: bytes of the values marked with ``recomputationCheckpoint`` that are not
             inputs (recomputation keeps them too).
-        recomputed: bytes saved for backward by the recomputation in backward, where it
-            differs from ``saved`` (marked values: ops after a mark save the stashed copy);
-            None: the same as ``saved``.
+        recomputed: bytes saved for backward by the largest segment between marks of the
+            recomputation in backward (an IPU recomputes one segment at a time, see [Note:
+            recomputing one segment at a time] in ``estimate.py``); None: no marks, the
+            same as ``saved``.
         ops: what the stage's forward of one micro-batch ran (FLOPs, bytes), for the time
             estimate; None when it did not run.
         outputs: bytes of the values the stage passes on (to later stages or the host).
@@ -126,12 +127,13 @@ def _count(
     stashed: list[torch.Tensor] | None = None,
 ) -> tuple[Any, int, list[torch.Tensor]]:
     """Run ``call``: its result, the bytes autograd saved, the values it marked (``stashed``:
-    run as the recomputation that substitutes them)."""
+    run as the recomputation that substitutes them, counting its largest segment)."""
     counter = SavedBytes(storage_key(w) for w in weights)
     marks = Checkpoints(stashed)
-    with running_on_ipu(), torch.set_grad_enabled(training), counter.saving(), marks:
+    counting = counter.saving() if stashed is None else counter.segments()
+    with running_on_ipu(), torch.set_grad_enabled(training), counting, marks:
         result = call()
-    return result, counter.total(), marks.kept
+    return result, counter.total() if stashed is None else counter.largest_segment(), marks.kept
 
 
 def _input_bytes(values: Sequence[Any]) -> int:
@@ -265,7 +267,7 @@ def model_activations(
 
     counter = OpCounter()
 
-    def run(fake: bool) -> int:
+    def run(fake: bool) -> tuple[int, int, int | None]:
         nonlocal counter
         counter = OpCounter()
         shadows = _Shadows() if fake else None
@@ -274,24 +276,29 @@ def model_activations(
         state = shadows.state(model) if shadows else {}
         weights = list(state.values()) if shadows else [*model.parameters(), *model.buffers()]
 
-        def call() -> Any:
+        def call(ops: OpCounter | None = None) -> Any:
             if shadows is not None:
-                with shadows.mode, counter:
+                with shadows.mode, ops or OpCounter():
                     return functional_call(model, state, tuple(a), kw, strict=False)
-            with counter:
+            with ops or OpCounter():
                 return model(*a, **kw)
 
-        return _count(call, weights, training)[1]
+        _, saved, marked = _count(functools.partial(call, counter), weights, training)
+        recomputed = _count(call, weights, training, marked)[1] if marked and training else None
+        return saved, _checkpoint_bytes(tensors, marked), recomputed
 
     work = sum(p.numel() for p in model.parameters()) * sum(t.numel() for t in tensors)
     order = (False, True) if work <= REAL_RUN_WORK else (True, False)
-    method, saved = "failed", 0
+    method, counts = "failed", (0, 0, None)
     for fake in order:
         try:
-            saved = run(True) if fake else restoring([model], lambda: run(False))
+            counts = run(True) if fake else restoring([model], lambda: run(False))
             method = "fake" if fake else "real"
             break
         except Exception as exc:
             method = f"failed: {type(exc).__name__}: {exc}"
+    saved, marked, recomputed = counts
     ops = counter.totals if not method.startswith("failed") else None
-    return StageActivations(0, 0, saved, _input_bytes(tensors), method, ops=ops)
+    return StageActivations(
+        0, 0, saved, _input_bytes(tensors), method, marked, recomputed, ops=ops
+    )

@@ -1,15 +1,13 @@
-"""Stacked bars of each IPU's memory by category against its limit (matplotlib, Agg)."""
+"""Stacked bars against a limit per bar, drawn with matplotlib (Agg): the memory report's figure.
+
+It knows nothing of the report: ``MemoryReport.plot`` hands it the numbers.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
-from .report import CATEGORIES
-
-if TYPE_CHECKING:
-    from .report import MemoryReport
-
-__all__ = ["plot_report"]
+__all__ = ["stacked_bars"]
 
 _COLOURS = {
     "weights": "#4c72b0",
@@ -20,31 +18,42 @@ _COLOURS = {
 }
 
 
-def plot_report(report: MemoryReport, path: str) -> None:
-    """Write the figure of ``report`` to ``path`` (format from its extension)."""
+def stacked_bars(
+    path: str,
+    labels: Sequence[str],
+    stacks: dict[str, Sequence[float]],
+    limits: Sequence[float],
+    title: str,
+    unit: str = "MiB",
+) -> None:
+    """Write one stacked bar per label, with a dashed line at its limit, to ``path``.
+
+    Args:
+        path: the image file (format from its extension: PNG, SVG, PDF).
+        labels: the bars' names, left to right.
+        stacks: per category (bottom to top, in order), one height per bar.
+        limits: per bar, where its dashed line goes.
+        title: the figure's title.
+        unit: the y axis's unit.
+    """
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
 
-    mib = 1024.0 * 1024.0
-    fig = Figure(figsize=(3.5 + 0.8 * len(report.ipus), 4.2))
+    fig = Figure(figsize=(3.5 + 0.8 * len(labels), 4.2))
     ax = fig.subplots()
-    xs = list(range(len(report.ipus)))
+    xs = list(range(len(labels)))
     bottom = [0.0] * len(xs)
-    for category in CATEGORIES:
-        heights = [getattr(m, category) / mib for m in report.ipus]
-        ax.bar(xs, heights, bottom=bottom, color=_COLOURS[category],
+    for category, heights in stacks.items():
+        ax.bar(xs, list(heights), bottom=bottom, color=_COLOURS.get(category),
                label=category.replace("_", " "))  # fmt: skip
         bottom = [b + h for b, h in zip(bottom, heights)]
-    for x, m in zip(xs, report.ipus):
-        ax.hlines(m.limit / mib, x - 0.45, x + 0.45, colors="black", linestyles="dashed")
-    ax.set_xticks(xs, [f"IPU {m.ipu}" for m in report.ipus])
-    ax.set_ylabel("MiB")
-    ax.set_title(
-        f"Memory per IPU (dashed: limit)\n{report.schedule}, {report.micro_batches} micro-batches",
-        fontsize="medium",
-    )
+    for x, limit in zip(xs, limits):
+        ax.hlines(limit, x - 0.45, x + 0.45, colors="black", linestyles="dashed")
+    ax.set_xticks(xs, list(labels))
+    ax.set_ylabel(unit)
+    ax.set_title(title, fontsize="medium")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -4,7 +4,8 @@ A ``SavedProbe`` is attached to the runtime's stage executors only while ``measu
 executors check for it with one attribute test, so an unprobed run costs nothing). On each
 worker thread it counts, with the estimate's rule ([Note: counting saved bytes]), the bytes a
 forward saves (or, with recomputation, the inputs it keeps), adds them to its IPU's live total
-until that micro-batch's backward has run, and keeps the peak.
+until that micro-batch's backward has run, and keeps the peak (with recomputation, the kept
+values plus the largest segment recomputed in a backward).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class SavedProbe:
         self.live = dict.fromkeys(self._ipu.values(), 0)
         self.peak = dict.fromkeys(self._ipu.values(), 0)
         self.per_micro_batch: dict[int, int] = {}
+        self.at_once: dict[int, int] = {}  # per IPU, the most one whole recomputation saved
         self._held: dict[tuple[int, int], int] = {}
 
     def _counter(self, stage: int) -> SavedBytes:
@@ -66,13 +68,21 @@ class SavedProbe:
 
     @contextmanager
     def recompute(self, stage: int, mb: int) -> Iterator[None]:
-        """Count a backward's recomputed forward, held on top of the kept values."""
+        """Count a backward's recomputed forward, its largest segment between marks held on
+        top of the kept values.
+
+        Simulated: the simulator recomputes every segment before differentiating any, an IPU
+        one at a time (see [Note: recomputing one segment at a time] in ``estimate.py``); the
+        probe counts each segment's bytes as this run saves them, and adds the largest, what
+        an IPU holds (``at_once`` keeps what the simulator held).
+        """
         counter = self._counter(stage)
-        with counter.saving():
+        with counter.segments():
             yield
         ipu = self._ipu[stage]
         with self._lock:
-            self.peak[ipu] = max(self.peak[ipu], self.live[ipu] + counter.total())
+            self.peak[ipu] = max(self.peak[ipu], self.live[ipu] + counter.largest_segment())
+            self.at_once[ipu] = max(self.at_once.get(ipu, 0), counter.total())
 
     def release(self, stage: int, mb: int) -> None:
         """Micro-batch ``mb``'s backward on ``stage`` has run: its saved tensors are freed."""

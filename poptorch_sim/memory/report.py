@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .plot import stacked_bars
+
 __all__ = ["CATEGORIES", "IpuMemory", "MemoryReport", "format_bytes"]
 
 # What fills an IPU, in the order of the table's columns and the plot's stacked bars.
@@ -134,7 +136,8 @@ class MemoryReport:
         ]
         if any(m.activations for m in self.ipus):
             kept = (
-                "inputs and checkpoints kept, plus one micro-batch recomputed in backward,"
+                "inputs and checkpoints kept, plus the largest segment of one micro-batch "
+                "recomputed in backward,"
                 if self.settings.get("recomputation")
                 else "saved for backward"
             )
@@ -175,9 +178,14 @@ class MemoryReport:
         Returns:
             ``path``.
         """
-        from .plot import plot_report
-
-        plot_report(self, path)
+        mib = 1024.0 * 1024.0
+        stacked_bars(
+            path,
+            [f"IPU {m.ipu}" for m in self.ipus],
+            {c: [getattr(m, c) / mib for m in self.ipus] for c in CATEGORIES},
+            [m.limit / mib for m in self.ipus],
+            f"Memory per IPU (dashed: limit)\n{self.schedule}, {self.micro_batches} micro-batches",
+        )
         return path
 
 

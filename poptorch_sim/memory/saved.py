@@ -17,8 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
+
+from ..runtime.checkpoints import is_checkpoint
 
 __all__ = ["SavedBytes", "storage_key", "tensor_bytes", "weight_storages"]
 
@@ -69,6 +73,8 @@ class SavedBytes:
     def __init__(self, exclude: Iterable[int] = ()) -> None:
         self.exclude = frozenset(exclude)
         self._ranges: dict[int, list[tuple[int, int]]] = {}
+        self._segment: dict[int, list[tuple[int, int]]] = {}  # since the last cut
+        self._largest = 0  # of the segments before the last cut
 
     def add(self, t: torch.Tensor) -> None:
         """Count ``t`` (a tensor autograd saved, or a value a stage keeps)."""
@@ -77,10 +83,29 @@ class SavedBytes:
         key = storage_key(t)
         if key not in self.exclude:
             self._ranges.setdefault(key, []).append(_extent(t))
+            self._segment.setdefault(key, []).append(_extent(t))
 
     def total(self) -> int:
         """Bytes referenced, each byte of each storage counted once."""
         return sum(_union(ranges) for ranges in self._ranges.values())
+
+    def cut(self) -> None:
+        """End a segment: what is added next counts towards the next one (see ``segments``)."""
+        self._largest = self.largest_segment()
+        self._segment = {}
+
+    def largest_segment(self) -> int:
+        """Bytes of the largest segment between cuts (``total()`` when never cut)."""
+        return max(self._largest, sum(_union(r) for r in self._segment.values()))
+
+    @contextmanager
+    def segments(self) -> Iterator[SavedBytes]:
+        """``saving()``, cut at each ``recomputationCheckpoint``: a recomputation's segments.
+
+        See [Note: recomputing one segment at a time] in ``estimate.py``.
+        """
+        with self.saving(), _Cuts(self):
+            yield self
 
     @contextmanager
     def saving(self) -> Iterator[SavedBytes]:
@@ -96,6 +121,21 @@ class SavedBytes:
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+class _Cuts(TorchFunctionMode):
+    """Cuts ``counter`` where the stage's code reaches a ``recomputationCheckpoint``."""
+
+    def __init__(self, counter: SavedBytes) -> None:
+        super().__init__()
+        self._counter = counter
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None
+    ) -> Any:
+        if is_checkpoint(func):
+            self._counter.cut()
+        return func(*args, **(kwargs or {}))
 
 
 def weight_storages(module: torch.nn.Module) -> set[int]:
