@@ -83,6 +83,7 @@ from .options import (
     TensorLocationSettings,
 )
 from .printing import module_repr, print  # noqa: A004  (PopTorch exports print)
+from .timing import time_report
 
 __version__ = "3.4.0+sim"
 
@@ -179,4 +180,5 @@ __all__ = [
     "Sharder",
     "list_nodes",
     "memory_report",  # per-IPU memory estimate
+    "time_report",  # predicted IPU time per call
 ]

@@ -17,6 +17,7 @@ __all__ = [
     "threads_per_ipu",
     "ipu_model",
     "ipu_memory",
+    "ipu_version",
     "out_of_memory",
     "simd_measure",
     "user_cache_root",
@@ -185,6 +186,24 @@ def ipu_memory() -> int:
             f"KB, MB or GB suffix (e.g. 900MB), got {raw!r}"
         )
     return int(value)
+
+
+def ipu_version() -> int | None:
+    """``POPTORCH_SIM_IPU_VERSION``: the IPU version attached runs are timed on (2 = Mk2,
+    21 = Bow, as ``useOfflineIpuTarget`` numbers them); None when unset (Mk2).
+
+    Raises:
+        ValueError: not an integer (an unknown version is refused where it is used).
+    """
+    raw = _get("POPTORCH_SIM_IPU_VERSION")
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(
+            f"POPTORCH_SIM_IPU_VERSION must be an IPU version (2 for Mk2, 21 for Bow), got {raw!r}"
+        ) from None
 
 
 def out_of_memory() -> str:

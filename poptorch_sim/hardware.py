@@ -15,7 +15,14 @@ from . import env
 from .errors import Error
 from .logger import logger
 
-__all__ = ["ipuHardwareIsAvailable", "ipuHardwareVersion", "MK2_VERSION", "IpuClaim", "claim_ipu"]
+__all__ = [
+    "ipuHardwareIsAvailable",
+    "ipuHardwareVersion",
+    "MK2_VERSION",
+    "IpuClaim",
+    "claim_ipu",
+    "simulated_version",
+]
 
 MK2_VERSION = 2
 
@@ -34,14 +41,28 @@ def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
 
 
 def ipuHardwareVersion() -> int:
-    """The IPU version of the simulated hardware: 2 (Mk2).
+    """The IPU version of the simulated hardware: ``POPTORCH_SIM_IPU_VERSION`` (2 = Mk2,
+    21 = Bow), default 2.
 
     Raises:
         AssertionError: no IPUs are simulated (``POPTORCH_SIM_NUM_IPUS=0``).
+        Error: ``POPTORCH_SIM_IPU_VERSION`` names a version the time model does not know.
     """
     if env.num_ipus() == 0:
         raise AssertionError("No IPU hardware available on this system")
-    return MK2_VERSION
+    return simulated_version()
+
+
+def simulated_version() -> int:
+    """``POPTORCH_SIM_IPU_VERSION`` checked against the known versions (default 2, Mk2).
+
+    Raises:
+        Error: an unknown version.
+    """
+    from .timing.hardware import ipu_hardware
+
+    version = env.ipu_version()
+    return MK2_VERSION if version is None else ipu_hardware(version).version
 
 
 # [Note: one model per IPU id]

@@ -98,6 +98,7 @@ POPTORCH_NAMES = {
     "Sharder",  # PopRT's manual sharding
     "list_nodes",
     "memory_report",
+    "time_report",
 }
 
 

@@ -223,3 +223,20 @@ def test_memory_tutorial_plans_bert_base_and_gpt2_and_measures_a_tiny_bert(tmp_p
         weights, state, acts = (row[1], row[3]), (row[4], row[6]), (int(row[7]), int(row[9]))
         assert weights[0] == weights[1] and state[0] == state[1]
         assert abs(acts[0] - acts[1]) <= 0.1 * acts[1]
+
+
+IPU_TIME = REPO / "tutorials" / "ipu_time" / "ipu_time.py"
+
+
+def test_ipu_time_tutorial_plans_a_faster_split_and_predicts_cycles(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    out = _run(
+        IPU_TIME, "--hidden", "64", "--seq", "16", "--micro-batch", "2", "--ga", "8",
+        "--plot-dir", str(tmp_path / "plots"), cwd=tmp_path,
+    )  # fmt: skip
+    assert out.count("Time per call (prediction for Mk2") == 2
+    assert "Time per call (prediction for Bow" in out
+    gain = float(re.search(r"ms, ([0-9.]+)x as fast", out).group(1))
+    assert gain > 1.2
+    assert re.search(r"cycleCount\(\) after one call: [0-9,]+ cycles", out)
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 3

@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import env
 from ..errors import Error, RecoverableError, UnrecoverableError
-from ..hardware import MK2_VERSION
+from ..hardware import simulated_version
 from ..ipu_context import isRunningOnIpu
 
 __all__ = [
@@ -114,5 +114,6 @@ def isCompilingWithDispatcher() -> bool:
 
 
 def ipuHardwareVersion(num_ipus: int = 1) -> int:
-    """The version of the simulated IPUs (2), or 0 with none."""
-    return MK2_VERSION if env.num_ipus() >= num_ipus else 0
+    """The version of the simulated IPUs (``POPTORCH_SIM_IPU_VERSION``, default 2), or 0
+    with none."""
+    return simulated_version() if env.num_ipus() >= num_ipus else 0

@@ -6,8 +6,8 @@ the executor. The steps, in order:
 
     batch layout and batch check → (training) weights synchronised across processes
     → device copy of the weights → program: one eager program, or a staged program on IPU
-    worker threads → IPUs acquired → (training) device trainer → memory estimate
-    → (inference with IO tiles) the IO threads
+    worker threads → IPUs acquired → (training) device trainer → the program's analysis
+    → time and memory estimates → (inference with IO tiles) the IO threads
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from torch import nn
 
 from .. import env
+from ..analysis.program import analyse_program
 from ..compiler import TraceFailure
 from ..compiler.overlap import check_overlapped_io, num_io_tiles
 from ..compiler.sharding import sharding_of
@@ -36,6 +37,8 @@ from ..options import Options
 from ..profiling.trace import TraceRecorder
 from ..runtime.intra_op import resolve_threads_per_ipu
 from ..runtime.io_tiles import IoTiles
+from ..timing.build import at_compile as time_at_compile
+from ..timing.build import trace_tracks
 from .eager import EagerProgram
 from .executable import Executable, Program, to_traced_input
 from .inputs import BoundArgs
@@ -135,7 +138,12 @@ def build_executable(
         trainer.trace = program.trace
         program.stage_step = trainer.stage_steps(program.program)
     try:
-        memory = memory_at_compile(program, trainer, options, first, training)
+        analysis = analyse_program(program, first, training)
+        timing = time_at_compile(analysis, trainer, options)
+        trace = getattr(program, "trace", None)
+        if trace is not None and options.profile_dir:
+            trace_tracks(timing, trace)
+        memory = memory_at_compile(program, trainer, options, first, training, analysis, timing)
     except BaseException:
         if isinstance(program, StagedRunner):
             program.close()
@@ -143,7 +151,7 @@ def build_executable(
     io = None
     if overlapped or (marked and num_io_tiles(options) > 0):
         io = _io_tiles(program, overlapped, options, training)
-    return Executable(bound, layout, device, program, trainer, io, memory)
+    return Executable(bound, layout, device, program, trainer, io, memory, timing, analysis)
 
 
 def _build_program(

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ..analysis.ops import OpCounter, OpTotals
 from ..ipu_context import running_on_ipu
 from ..logger import logger
 from ..ops.blocks import recording_blocks
@@ -76,6 +77,7 @@ class EagerProgram:
         self.out_spec: pytree.TreeSpec | None = None
         self.fp_checks = False  # Precision.enableFloatingPointExceptions (see fp_checks.py)
         self.draws_random = False  # forward consumed the CPU generator (found by ``prepare``)
+        self.ops = OpTotals()  # what prepare's forward ran, for the time estimate
         self.replica_threads: ReplicaThreads | None = None
         self.grouped: list[GroupedVariable] = []  # replica-grouped parameters
 
@@ -93,6 +95,7 @@ class EagerProgram:
             before = buffer_versions(self.model)
             spotter = _BlockSpotter()
             overlap = OverlapGraphChecks(mb.tensors())
+            counter = OpCounter()
             try:
                 with (
                     torch.set_grad_enabled(self.training),
@@ -100,12 +103,14 @@ class EagerProgram:
                     recording_blocks(spotter),
                     PopTorchRefusals(),
                     overlap,
+                    counter,
                 ):
                     if self.training:
                         leaves = self._first_forward(mb)
                     else:
                         leaves, _ = self.forward(mb, 0)
                 overlap.check_outputs(leaves)
+                self.ops = counter.totals
                 self.blocks_seen = spotter.seen
                 self.draws_random = not torch.equal(torch.get_rng_state(), rng)
                 check_unchanged()

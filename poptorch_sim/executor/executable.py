@@ -51,6 +51,8 @@ class Executable:
         trainer: the device side of training (None for inference).
         io: overlapped IO's threads (inference with IO tiles), else None.
         memory: the memory estimate made at compile time (``poptorch_sim.memory_report``).
+        timing: the time estimate made at compile time (``poptorch_sim.time_report``).
+        analysis: the program's analysis both estimates read (``analysis/program.py``).
         host_outputs: the joined outputs' memory, reused across calls (See [Note: output
             buffers are reused]).
         anchored: the latest call's anchored tensors by short name (See [Note: anchored
@@ -65,6 +67,8 @@ class Executable:
     trainer: DeviceTrainer | None
     io: IoTiles | None = None
     memory: Any = None
+    timing: Any = None
+    analysis: Any = None
     host_outputs: OutputBuffers = field(default_factory=OutputBuffers)
     anchored: dict[str, torch.Tensor] = field(default_factory=dict)
     rng: ModelRng = field(default_factory=ModelRng)

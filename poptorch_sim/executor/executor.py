@@ -113,6 +113,10 @@ class PoplarExecutor:
             self._optim.write_state_if_loaded()  # a loaded state goes up before the run uses it
         with substitutions(), self._inference_norms():  # both as at compile
             outputs, self._perf = exe.run(bound, self._options)
+        if exe.timing is not None and self._options._Popart.options.get(
+            "instrumentWithHardwareCycleCounter"
+        ):
+            logger.debug("Total number of IPU cycles: %d", exe.timing.cycles)
         if exe.trainer is not None:
             self._link.mark_trained()
             if self._optim is not None:
@@ -147,6 +151,7 @@ class PoplarExecutor:
                 per_replica=self.__dict__.get("_per_replica"),
             )
         self._memory_report = exe.memory  # read by poptorch_sim.memory_report
+        self._time_report = exe.timing  # read by poptorch_sim.time_report and cycleCount
         self._executable = exe
         self._link.connect(exe.device, exe.program.buffers)
         seeded = self._options.exists("random_seed")
@@ -351,9 +356,13 @@ class PoplarExecutor:
             logger.debug("Setting RNG state")
 
     def cycleCount(self) -> int:
-        """Cycle counts exist only on hardware; the simulator counts none."""
-        inspection.check_cycle_count(self._options, ran=self._perf is not None)
-        return 0  # not reached: check_cycle_count always raises
+        """The IPU cycles of the last call (``opts.logCycleCount(True)``).
+
+        Simulated: a prediction of the time model (``poptorch_sim.time_report``); PopTorch
+        counts cycles only on hardware.
+        """
+        timing = self.__dict__.get("_time_report")
+        return inspection.cycle_count(self._options, self._perf is not None, timing)
 
     def getPerfCounters(self) -> dict[str, list[list[float]]]:
         """Host times of the last call's events, per tensor and step (see ``perf.py``)."""

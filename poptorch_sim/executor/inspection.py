@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import Error
+from ..logger import logger, warning_once
 from ..options import Options
 from .executable import Executable
 from .layout import check_batch
@@ -27,8 +28,8 @@ __all__ = [
     "StagedParts",
     "allreduce_stats_of",
     "anchored_tensor",
-    "check_cycle_count",
     "compiled_batch_of",
+    "cycle_count",
     "latencies",
     "placement_of",
     "staged_parts_of",
@@ -158,19 +159,33 @@ def anchored_tensor(exe: Executable | None, options: Options, short_name: str) -
     return exe.anchored[short_name]
 
 
-def check_cycle_count(options: Options, ran: bool) -> None:
-    """``cycleCount``: cycle counts exist only on hardware, so this always raises.
+def cycle_count(options: Options, ran: bool, timing: Any) -> int:
+    """``cycleCount``: the predicted cycles of the last call, as PopART counts them (one tile
+    of the first IPU of the first replica, over the whole call: device iterations × the
+    gradient-accumulation loop, the weight updates and the host copies).
+
+    Simulated: a prediction of the time model (``poptorch_sim.time_report``); PopTorch counts
+    cycles only on hardware. Every call of a compiled model is predicted to take as long.
 
     Raises:
-        Error: PopTorch's message for the case at hand.
+        Error: PopTorch's messages: the option is off, or the model has not run yet.
     """
     if not options._Popart.options.get("instrumentWithHardwareCycleCounter"):
         raise Error(
             "Cycle count logging is disabled. Please set option logCycleCount to True to enable."
         )
-    if not ran:
+    if not ran or timing is None:
         raise Error("Please run the model at least once before obtaining cycle count.")
-    raise Error("Cycle count logging is only supported on actual IPU hardware.")
+    instances = options.Distributed.numProcesses
+    if instances > 1:
+        warning_once(
+            f"cycleCount() predicts one instance of {instances} (Distributed.numProcesses): "
+            "its first replica, with the all-reduce over instances assumed in step; read "
+            "poptorch_sim.time_report(model) for every instance's throughput"
+        )
+    cycles = int(timing.cycles)
+    logger.debug("Total number of IPU cycles: %d", cycles)
+    return cycles
 
 
 def latencies(perf: PerfRecord | None) -> dict[str, Latency]:

@@ -1,5 +1,5 @@
 """``python -m poptorch_sim.memory``: run a PopTorch program up to its first compile and print
-the memory per IPU.
+the memory per IPU and the predicted time per call (``poptorch_sim.timing``).
 
     python -m poptorch_sim.memory train.py --epochs 1
     python -m poptorch_sim.memory --plot memory.png train.py
@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     except CompiledOnly as done:
         print(done.report)
         print(f"estimated in {1e3 * done.report.seconds:.1f} ms")
+        if done.timing is not None:
+            print()
+            print(done.timing)
         if args.plot:
             print(f"plot: {done.report.plot(args.plot)}")
         return 1 if done.report.over_limit else 0

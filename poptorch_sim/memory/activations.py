@@ -10,11 +10,13 @@ fake tensors (data-dependent Python such as ``.item()``), run once on the first 
 micro-batch instead, with their buffers and the RNG restored afterwards: both ways count the
 same bytes. The counting rule is [Note: counting saved bytes] in ``saved.py``. The same run
 collects the values the stage marks with ``recomputationCheckpoint`` (what a recomputing stage
-keeps beside its inputs, see [Note: recomputation checkpoints] in ``runtime/checkpoints.py``).
+keeps beside its inputs, see [Note: recomputation checkpoints] in ``runtime/checkpoints.py``),
+and counts each stage's ops for the time estimate (``analysis/ops.py``): one forward serves both.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
+from ..analysis.ops import OpCounter, OpTotals
 from ..ipu_context import running_on_ipu
 from ..logger import logger
 from ..program import StageSpec
@@ -61,6 +64,9 @@ class StageActivations:
             recomputation in backward (an IPU recomputes one segment at a time, see [Note:
             recomputing one segment at a time] in ``estimate.py``); None: no marks, the
             same as ``saved``.
+        ops: what the stage's forward of one micro-batch ran (FLOPs, bytes), for the time
+            estimate; None when it did not run.
+        outputs: bytes of the values the stage passes on (to later stages or the host).
     """
 
     stage: int
@@ -70,6 +76,8 @@ class StageActivations:
     method: str
     checkpoints: int = 0
     recomputed: int | None = None
+    ops: OpTotals | None = None
+    outputs: int = 0
 
     @property
     def recompute_saved(self) -> int:
@@ -159,7 +167,7 @@ def _run_stages(
     inputs: dict[str, Any],
     training: bool,
     fake: bool,
-) -> list[tuple[int, int, int, int | None]]:
+) -> list[tuple[int, int, int, int | None, OpTotals, int]]:
     shadows = _Shadows() if fake else None
     values = {k: shadows.value(v) if shadows else v for k, v in inputs.items()}
     out = []
@@ -170,16 +178,21 @@ def _run_stages(
         weights = list(state.values()) if shadows else [*spec.module.parameters(),
                                                          *spec.module.buffers()]  # fmt: skip
 
-        def call(spec: StageSpec = spec, args: list[Any] = args, state: dict = state) -> Any:
+        def call(
+            spec: StageSpec = spec, args: list[Any] = args, state: dict = state, ops: Any = None
+        ) -> Any:
             if shadows is not None:
-                with shadows.mode:
+                with shadows.mode, ops or OpCounter():
                     return functional_call(spec.module, state, tuple(args), strict=False)
-            return spec.module(*args)
+            with ops or OpCounter():
+                return spec.module(*args)
 
-        result, saved, marked = _count(call, weights, training)
+        ops = OpCounter()
+        result, saved, marked = _count(functools.partial(call, ops=ops), weights, training)
         recomputed = _count(call, weights, training, marked)[1] if marked and training else None
         values.update(zip(spec.outputs, result))
-        out.append((saved, _input_bytes(args), _checkpoint_bytes(args, marked), recomputed))
+        out.append((saved, _input_bytes(args), _checkpoint_bytes(args, marked), recomputed,
+                    ops.totals, _input_bytes(list(result))))  # fmt: skip
     return out
 
 
@@ -222,7 +235,9 @@ def stage_activations(
         v.numel() for v in inputs.values() if isinstance(v, torch.Tensor)
     )
     order = ("real", "fake") if work <= REAL_RUN_WORK else ("fake", "real")
-    counts: list[tuple[int, int, int, int | None]] = [(0, 0, 0, None)] * len(stages)
+    counts: list[tuple[int, int, int, int | None, OpTotals | None, int]] = [
+        (0, 0, 0, None, None, 0)
+    ] * len(stages)
     method = "failed"
     for attempt in order:
         try:
@@ -238,8 +253,8 @@ def stage_activations(
             logger.debug("memory estimate: the %s run failed (%s)", attempt, exc)
             method = f"failed: {type(exc).__name__}: {exc}"
     return [
-        StageActivations(spec.index, spec.ipu, saved, ins, method, marked, recomputed)
-        for spec, (saved, ins, marked, recomputed) in zip(stages, counts)
+        StageActivations(spec.index, spec.ipu, saved, ins, method, marked, recomputed, ops, outs)
+        for spec, (saved, ins, marked, recomputed, ops, outs) in zip(stages, counts)
     ]
 
 
@@ -250,20 +265,25 @@ def model_activations(
     leaves, spec = pytree.tree_flatten((args, kwargs))
     tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
 
+    counter = OpCounter()
+
     def run(fake: bool) -> tuple[int, int, int | None]:
+        nonlocal counter
+        counter = OpCounter()
         shadows = _Shadows() if fake else None
         vals = [shadows.value(v) if shadows else v for v in leaves]
         a, kw = pytree.tree_unflatten(vals, spec)
         state = shadows.state(model) if shadows else {}
         weights = list(state.values()) if shadows else [*model.parameters(), *model.buffers()]
 
-        def call() -> Any:
+        def call(ops: OpCounter | None = None) -> Any:
             if shadows is not None:
-                with shadows.mode:
+                with shadows.mode, ops or OpCounter():
                     return functional_call(model, state, tuple(a), kw, strict=False)
-            return model(*a, **kw)
+            with ops or OpCounter():
+                return model(*a, **kw)
 
-        _, saved, marked = _count(call, weights, training)
+        _, saved, marked = _count(functools.partial(call, counter), weights, training)
         recomputed = _count(call, weights, training, marked)[1] if marked and training else None
         return saved, _checkpoint_bytes(tensors, marked), recomputed
 
@@ -278,4 +298,7 @@ def model_activations(
         except Exception as exc:
             method = f"failed: {type(exc).__name__}: {exc}"
     saved, marked, recomputed = counts
-    return StageActivations(0, 0, saved, _input_bytes(tensors), method, marked, recomputed)
+    ops = counter.totals if not method.startswith("failed") else None
+    return StageActivations(
+        0, 0, saved, _input_bytes(tensors), method, marked, recomputed, ops=ops
+    )

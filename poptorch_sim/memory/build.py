@@ -1,8 +1,9 @@
 """Builds a model's ``MemoryReport`` at compile from its program, optimizer and schedule.
 
-The executor calls ``report_at_compile`` once the program and the trainer exist and before
-the model first runs; the report is kept on the executor (``poptorch_sim.memory_report``),
-checked against the limit (``limits.py``) and written to the profile folder when profiling.
+The executor calls ``at_compile`` once the program and the trainer exist and before the model
+first runs, with the program's analysis (``analysis/program.py``, shared with the time
+estimate); the report is kept on the executor (``poptorch_sim.memory_report``), checked against
+the limit (``limits.py``) and written to the profile folder when profiling.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any
 from torch import nn
 
 from .. import env
-from ..executor.replica_groups import grouped_variables
+from ..analysis.program import ProgramAnalysis, analyse_program
 from ..logger import logger
 from ..runtime.schedules import Schedule, make_schedule
-from .activations import StageActivations, model_activations, stage_activations
+from .activations import StageActivations
 from .estimate import ALLOWANCE_FRACTION, activation_peaks, ipu_memory
 from .limits import check_limits
 from .report import CATEGORIES, MemoryReport
@@ -40,14 +41,16 @@ _stop = False  # See stop_after_compile
 
 
 class CompiledOnly(BaseException):
-    """Raised at the first compile under ``stop_after_compile``: carries the report.
+    """Raised at the first compile under ``stop_after_compile``: carries the memory report
+    and the time report (``timing``, None when it could not be made).
 
     A ``BaseException``, so that a program's ``except Exception`` does not swallow it.
     """
 
-    def __init__(self, report: MemoryReport) -> None:
+    def __init__(self, report: MemoryReport, timing: Any = None) -> None:
         super().__init__("stopped after the first compile")
         self.report = report
+        self.timing = timing
 
 
 def stop_after_compile(stop: bool = True) -> None:
@@ -58,15 +61,26 @@ def stop_after_compile(stop: bool = True) -> None:
 
 
 def at_compile(
-    program: Any, trainer: Any, options: Any, first: Any, training: bool
+    program: Any,
+    trainer: Any,
+    options: Any,
+    first: Any,
+    training: bool,
+    analysis: ProgramAnalysis | None = None,
+    timing: Any = None,
 ) -> MemoryReport:
     """The compile hook: build the report, write it to the profile folder, check the limit.
+
+    ``analysis``: the program's analysis (made here when None); ``timing``: the time report,
+    carried by ``CompiledOnly``.
 
     Raises:
         Error: out of memory with ``POPTORCH_SIM_OUT_OF_MEMORY=error`` (see ``limits.py``).
         ValueError: a bad ``POPTORCH_SIM_IPU_MEMORY`` or ``POPTORCH_SIM_OUT_OF_MEMORY``.
     """
-    report = report_at_compile(program, trainer, options, first, training)
+    if analysis is None:
+        analysis = analyse_program(program, first, training)
+    report = report_at_compile(analysis, trainer, options)
     logger.debug("poptorch_sim memory estimate (%.1f ms):\n%s", 1e3 * report.seconds, report)
     if options.profile_dir:
         write_profile(report, options.profile_dir, training)
@@ -76,47 +90,25 @@ def at_compile(
                 values = {c: getattr(ipu, c) / 2**20 for c in CATEGORIES}
                 trace.static_counters.append((f"IPU {ipu.ipu} memory estimate (MiB)", values))
     if _stop:
-        raise CompiledOnly(report)
+        raise CompiledOnly(report, timing)
     check_limits(report, options)
     return report
 
 
-def report_at_compile(
-    program: Any, trainer: Any, options: Any, first: Any, training: bool
-) -> MemoryReport:
+def report_at_compile(analysis: ProgramAnalysis, trainer: Any, options: Any) -> MemoryReport:
     """The memory report of a freshly compiled model.
 
     Args:
-        program: the executor's ``StagedRunner`` or ``EagerProgram``.
+        analysis: the program's analysis (``analysis/program.py``).
         trainer: its ``DeviceTrainer`` (training) or None.
         options: its ``poptorch.Options``.
-        first: the first micro-batch (``BoundArgs``, in device dtypes).
-        training: whether the model trains.
     """
     start = time.perf_counter()
-    staged = getattr(program, "program", None)
-    mode = staged.meta.get("mode", "pipelined") if staged is not None else "single IPU"
-    recompute = staged.meta.get("recompute") if staged is not None else None
-    settings = memory_settings(options, training, mode, recompute)
-    if staged is not None:
-        stages = [(s.index, s.ipu, s.module) for s in staged.stages]
-        acts = (
-            stage_activations(staged.stages, program._inputs(first), training)
-            if training
-            else [StageActivations(s.index, s.ipu, 0, 0, "inference") for s in staged.stages]
-        )
-        schedule_name = program.runtime.schedule_name
-    else:
-        stages = [(0, 0, program.model)]
-        # replica-grouped weights: a replica computes with one group's value
-        with grouped_variables(getattr(program, "grouped", []), program.model, 0):
-            acts = [
-                model_activations(program.model, first.args, first.kwargs, training)
-                if training
-                else StageActivations(0, 0, 0, 0, "inference")
-            ]
-        schedule_name = "sharded"
-    report = build_report(stages, acts, settings, schedule_name, trainer, env.ipu_memory())
+    settings = memory_settings(options, analysis.training, analysis.mode, analysis.recompute)
+    stages, acts = analysis.stages, analysis.activations
+    report = build_report(
+        stages, acts, settings, analysis.schedule_name, trainer, env.ipu_memory()
+    )
     notes = list(report.notes)
     failed = [a for a in acts if a.method.startswith("failed")]
     if failed:
@@ -124,7 +116,7 @@ def report_at_compile(
                      f"({failed[0].method})")  # fmt: skip
     return MemoryReport(
         report.ipus, report.schedule, report.micro_batches, report.settings, notes,
-        time.perf_counter() - start,
+        analysis.seconds + time.perf_counter() - start,
     )  # fmt: skip
 
 

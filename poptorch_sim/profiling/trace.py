@@ -5,7 +5,9 @@ one event on the track of its IPU. ``TraceRecorder.write`` produces the Chrome t
 (a JSON object with ``traceEvents``), which https://ui.perfetto.dev and ``chrome://tracing`` open:
 one thread track per IPU, ``"ph": "X"`` complete events with ``ts``/``dur`` in microseconds.
 Events with a ``track`` (overlapped IO's ``load`` and ``store``) get a track of their own beside
-their IPU's (``IPU 0 load``), so PopVision-style overlap of IO and compute shows.
+their IPU's (``IPU 0 load``), so PopVision-style overlap of IO and compute shows. A model's
+predicted IPU time (``poptorch_sim.timing``) adds one step per IPU as a second process,
+"predicted IPU time", beside the host's tracks.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 __all__ = ["TraceEvent", "TraceRecorder"]
 
 _PID = 0
+_PREDICTED_PID = 1
 _CATEGORIES = ("fwd", "bwd", "step", "send", "recv")
 _MARKS = {"fwd": "F", "bwd": "B", "step": "S"}
 
@@ -59,6 +62,8 @@ class TraceRecorder:
     def __init__(self) -> None:
         # Counters with one value for the whole trace (e.g. memory per IPU), at time 0.
         self.static_counters: list[tuple[str, dict[str, float]]] = []
+        # Predicted tracks: per track name, (start us, duration us, what) from time 0.
+        self.predicted: dict[str, list[tuple[float, float, str]]] = {}
         self._origin_ns = time.perf_counter_ns()
         self._events: list[TraceEvent] = []
         self._counters: list[tuple[float, int, str, float]] = []  # (us, IPU, name, value)
@@ -185,7 +190,25 @@ class TraceRecorder:
             }
             for at_us, ipu, name, value in self.counters
         ]
-        return {"traceEvents": meta + complete + counters, "displayTimeUnit": "ms"}
+        return {
+            "traceEvents": meta + complete + counters + self._predicted_events(),
+            "displayTimeUnit": "ms",
+        }
+
+    def _predicted_events(self) -> list[dict[str, Any]]:
+        if not self.predicted:
+            return []
+        out: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": _PREDICTED_PID,
+                                      "args": {"name": "predicted IPU time"}}]  # fmt: skip
+        for tid, (track, bars) in enumerate(self.predicted.items()):
+            out.append({"name": "thread_name", "ph": "M", "pid": _PREDICTED_PID, "tid": tid,
+                        "args": {"name": track}})  # fmt: skip
+            out += [
+                {"name": what, "cat": "predicted", "ph": "X", "ts": round(start, 3),
+                 "dur": round(length, 3), "pid": _PREDICTED_PID, "tid": tid}
+                for start, length, what in bars
+            ]  # fmt: skip
+        return out
 
     def write(self, path: str | Path) -> Path:
         """Write the Chrome-trace JSON to ``path`` and print where it went.
