@@ -344,3 +344,27 @@ def test_an_unseeded_model_starts_from_the_host_stream_as_it_stands() -> None:
         torch.manual_seed(3)
         outs.append(poptorch.inferenceModel(_Noise())(torch.zeros(2, 3)))
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
+class _NumThreads(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i >= 1:
+            raise IndexError(i)  # iter() over a map-style dataset stops here
+        return torch.tensor([torch.get_num_threads()])
+
+
+@pytest.mark.parametrize("strategy", ["ForkServer", "Fork"])
+def test_the_accessor_worker_runs_torch_on_one_thread(strategy: str) -> None:
+    # PopTorch's worker keeps torch's thread count; here it runs on one thread, as torch's own
+    # data-loader workers do, so that a forked worker never enters the OpenMP team it inherited
+    # (see [Note: sharing strategies] in poptorch_sim/data/sharing.py).
+    accessor = poptorch.AsynchronousDataAccessor(
+        _NumThreads(), sharing_strategy=poptorch.SharingStrategy[strategy]
+    )
+    try:
+        assert [int(x) for x in accessor] == [1]
+    finally:
+        accessor.terminate()

@@ -3,6 +3,7 @@ waited forever on the OpenMP team it inherited), in every sharing strategy and a
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The issue's reproduction, in Async and AsyncRebatched modes, compared with torch's DataLoader.
+# The issue's reproduction, in Async and AsyncRebatched modes, compared with torch's DataLoader:
+# a script without ``if __name__ == "__main__":``, which a worker that is not forked must not
+# import again (see [Note: sharing strategies]).
 SCRIPT = textwrap.dedent(
     """
     import sys
@@ -44,11 +47,14 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("strategy", ["ForkServer", "Fork", "SharedMemory", "FileSystem"])
-def test_async_loader_after_a_busy_thread_pool_equals_torch(strategy: str) -> None:
+def test_async_loader_after_a_busy_thread_pool_equals_torch(strategy: str, tmp_path: Path) -> None:
+    script = tmp_path / "repro.py"
+    script.write_text(SCRIPT)
     try:
         done = subprocess.run(
-            [sys.executable, "-c", SCRIPT, strategy],
+            [sys.executable, str(script), strategy],
             cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
             capture_output=True,
             text=True,
             timeout=300,

@@ -113,3 +113,30 @@ def test_a_started_ring_has_no_files_left() -> None:
     finally:
         accessor.terminate()
     assert ring.ring_files(os.getpid()) == []
+
+
+def test_a_dataset_that_cannot_be_pickled_names_the_fork_strategy() -> None:
+    import torch
+
+    from poptorch_sim.data import AsynchronousDataAccessor
+    from poptorch_sim.enums import SharingStrategy
+    from poptorch_sim.errors import Error
+
+    class Local(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            if i >= 2:
+                raise IndexError(i)  # iter() over a map-style dataset stops here
+            return torch.tensor([i])
+
+    with pytest.raises(Error, match=r"cannot be sent.*poptorch\.SharingStrategy\.Fork") as info:
+        AsynchronousDataAccessor(Local())
+    assert "Local" in str(info.value)
+    assert ring.ring_files(os.getpid()) == []
+    accessor = AsynchronousDataAccessor(Local(), sharing_strategy=SharingStrategy.Fork)
+    try:
+        assert [int(x) for x in accessor] == [0, 1]
+    finally:
+        accessor.terminate()

@@ -1,7 +1,7 @@
 """The loading loop that prefetches batches, epoch by epoch, into a bounded queue.
 
 ``Prefetcher`` runs it on a daemon thread of the caller's process; the AsynchronousDataAccessor
-runs the same loop as the only thread of its worker process (``worker_process.py``, whose
+runs the same loop on the main thread of its worker process (``worker_main.py``, whose
 subclass puts into the shared ring and takes the consumer's requests from a pipe).
 
 [Note: prefetch epochs]

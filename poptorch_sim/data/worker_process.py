@@ -126,7 +126,9 @@ class WorkerProcess:
             del source, spec
             with main_module_hidden(hide_main):
                 self._process.start()
-        except Exception as error:
+        except (pickle.PicklingError, TypeError, AttributeError) as error:
+            if self._strategy == SharingStrategy.Fork:
+                raise
             raise createPoptorchError(_cannot_send(self._strategy, error)) from error
         finally:
             for end in self._child_ends:
