@@ -17,12 +17,12 @@ TIMED_OUT_RC = -9  # what ``run`` returns for a command stopped at its time limi
 STOPPED = -2  # what ``run`` returns for a command the runner stopped once it had done enough
 
 
-def _end(proc: subprocess.Popen) -> None:
-    """Interrupt ``proc``'s group (pytest still writes its report on Ctrl-C); kill it a minute
-    later if it is still running."""
-    os.killpg(proc.pid, signal.SIGINT)
+def _end(proc: subprocess.Popen, first: int = signal.SIGINT, grace: float = 60.0) -> None:
+    """Send ``first`` to ``proc``'s group (by default Ctrl-C: pytest still writes its report);
+    kill the group ``grace`` seconds later if it is still running."""
+    os.killpg(proc.pid, first)
     try:
-        proc.wait(timeout=60)
+        proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -67,7 +67,8 @@ def run(
             except subprocess.TimeoutExpired:
                 pass
             if pattern is not None and stop_after and _count(log, pattern) >= stop_after[1]:
-                _end(proc)
+                # Done: no report to wait for (CLIP's training goes on for a minute after Ctrl-C).
+                _end(proc, signal.SIGTERM, 10.0)
                 with log.open("a") as tail:
                     tail.write(f"\n[model_garden] stopped after {stop_after[1]} steps\n")
                 return STOPPED
