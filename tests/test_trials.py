@@ -11,7 +11,6 @@ from poptorch_sim.runtime.trials import (
     PROBE_SHARE,
     TRIAL_EVERY,
     TRIAL_RUNS,
-    UNDERUSED,
     Probe,
     Trials,
 )
@@ -182,17 +181,17 @@ def test_modes_a_trial_could_not_probe_are_not_chosen() -> None:
     assert trials.choice == "lent"
 
 
-def test_no_lending_where_the_split_found_the_workers_waiting() -> None:
-    """Stages that sleep (or a machine whose other processes hold the cores) leave their
-    threads off the CPU: the trial does not lend, and lends again once a quiet machine's trial
-    finds them computing."""
+def test_no_lending_nor_one_thread_where_the_workers_waited() -> None:
+    """Stages that sleep (or a machine whose other processes hold the cores) leave the workers'
+    threads off the CPU: the trial neither lends nor probes one thread, and does both again
+    once a quiet machine's runs find them computing."""
     trials = Trials(PIPELINED, "lent", cores=2)
-    waiting = UNDERUSED / 2
+    waiting = 0.0  # stages that only sleep
     _, ran = call_times(trials, SLEEPING, 1 + 2 * TRIAL_RUNS + DRIFT_RUNS, 16, busy=waiting)
-    assert [mode for mode, _ in ran[1 : 1 + 2 * TRIAL_RUNS]] == ["split"] * (2 * TRIAL_RUNS)
-    assert trials.choice == "split" and "lent" not in trials.measured
+    assert ran[1 : 1 + 2 * TRIAL_RUNS] == [("split", None)] * (2 * TRIAL_RUNS)
+    assert trials.choice == "split" and trials.measured.keys() == {"split"}
     quiet = {"split": 8.0, "lent": 6.0, "one thread": 9.0}
     _, ran = call_times(trials, quiet, DRIFT_RUNS + 2 * TRIAL_RUNS, 16, busy=0.9)
-    trial = ran[DRIFT_RUNS:]
-    assert [mode for mode, _ in trial] == ["split", "lent"] * TRIAL_RUNS
+    probes = ["one thread"] * TRIAL_RUNS + [None] * TRIAL_RUNS
+    assert ran[DRIFT_RUNS:] == list(zip(["split", "lent"] * TRIAL_RUNS, probes))
     assert trials.choice == "lent"
