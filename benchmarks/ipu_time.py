@@ -7,15 +7,13 @@ compiles it for an offline Mk2 target (``useOfflineIpuTarget(2)``: nothing runs)
 ``poptorch_sim.time_report`` and prints predicted against published samples per second, each
 row's error, and the mean and maximum error.
 
-* BERT-Large, sequence 512, packed: 4 IPUs per replica, encoder layers [3, 7, 7, 7] (embeddings
-  and the heads on IPU 0, as Graphcore's BERT places them beside the tied embedding), 4
-  replicas, micro-batch 2 packs, GA 192, FP16, LAMB with its state off chip and sharded over the
-  replicas (RTS), recomputation (PopTorch's default for a pipeline). The masked-LM head runs on
-  the masked positions only (76 per pack, MLPerf's ``max_predictions_per_seq``). A sample is a
-  pack: sequences per second = packs per second × the mean sequences per pack that the
-  project's SPFHP gives on the Wikipedia length histogram (at most 3 per pack).
-* ResNet-50 v1.5: one IPU per replica, 16 replicas, micro-batch 20, GA 6 (v1.0) and GA 10
-  (v1.1), FP16, SGD with momentum.
+The configurations are those of ``benchmarks/published`` (built on the meta device, as the
+audited runs had them: BERT-Large [3,7,7,7] with the embedding and heads on IPU 0, 4 replicas,
+micro-batch 2, GA 192, FP16, LAMB off chip with RTS, a checkpoint after every layer and
+PopTorch's pipeline recomputation; ResNet-50 v1.5 on 16 replicas, micro-batch 20, GA 6 and 10,
+FP16, SGD with a combined accumulator, RecomputeAll with Graphcore's checkpoints). A BERT
+sample is a pack: sequences per second = packs per second × the mean sequences per pack that
+the project's SPFHP gives on the Wikipedia length histogram (at most 3 per pack).
 
 ``--cost`` measures what the time estimate adds to a compile, for the models of
 ``benchmarks/models.py`` (its FULL sizes, pipelined training): the op counting in the shared
@@ -26,7 +24,9 @@ against the whole compile.
 ``poptorch_sim/timing/calibration.py``) on these four rows and prints the best; the rows are the
 only data the model is fitted on.
 
-Run: ``python benchmarks/ipu_time.py [--fit] [--only bert|resnet] [--cost]``
+``--quick`` runs the two ResNet-50 rows only (BERT-Large's compile takes a minute).
+
+Run: ``python benchmarks/ipu_time.py [--quick] [--fit] [--only bert|resnet] [--cost]``
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/published
 os.environ.setdefault("POPTORCH_SIM_OFFLINE", "1")
+
+from published import CONFIGURATIONS, compile_published  # noqa: E402
 
 import poptorch_sim as poptorch  # noqa: E402
 from poptorch_sim.packing import pack_histogram  # noqa: E402
@@ -56,25 +58,28 @@ from poptorch_sim.timing.estimate import estimate  # noqa: E402
 from poptorch_sim.timing.settings import time_settings  # noqa: E402
 
 HISTOGRAM = Path(__file__).resolve().parent / "data/wikipedia_512_histogram.txt"
-MAX_PREDICTIONS = 76  # MLPerf BERT's max_predictions_per_seq
 
 
 @dataclass(frozen=True)
 class Row:
-    """One published result and the configuration it ran."""
+    """One published result and the configuration it ran (``benchmarks/published``)."""
 
-    name: str
-    model: str
-    published: float  # samples (sequences, images) per second
-    gradient_accumulation: int
+    config: Any  # published.Published
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.source.split(',')[0].split()[-1]} {self.config.name.split(' mb')[0]}"
+
+    @property
+    def published(self) -> float:
+        return float(self.config.published)
+
+    @property
+    def model(self) -> str:
+        return "bert" if self.config.name.startswith("BERT") else "resnet"
 
 
-ROWS = [
-    Row("v1.0 POD16 BERT-Large", "bert", 1419.0, 192),
-    Row("v1.1 POD16 BERT-Large", "bert", 1524.0, 192),
-    Row("v1.0 POD16 ResNet-50", "resnet", 27527.0, 6),
-    Row("v1.1 POD16 ResNet-50", "resnet", 29543.0, 10),
-]
+ROWS = [Row(c) for c in CONFIGURATIONS]
 
 
 def sequences_per_pack(path: Path = HISTOGRAM) -> float:
@@ -83,89 +88,6 @@ def sequences_per_pack(path: Path = HISTOGRAM) -> float:
     groups = pack_histogram(hist, len(hist), max_sequences_per_pack=3, algorithm="spfhp")
     packs = sum(g.count for g in groups)
     return sum(g.count * len(g.lengths) for g in groups) / packs
-
-
-class PackedBertPretraining(nn.Module):
-    """BERT-Large pretraining on packs: encoder, masked-LM head on the masked positions, NSP."""
-
-    def __init__(self, layers: tuple[int, ...] = (3, 7, 7, 7)) -> None:
-        super().__init__()
-        from transformers import BertConfig, BertModel
-
-        config = BertConfig(
-            hidden_size=1024, num_hidden_layers=sum(layers), num_attention_heads=16,
-            intermediate_size=4096, max_position_embeddings=512, attn_implementation="eager",
-        )  # fmt: skip
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.transform = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.LayerNorm(1024))
-        self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size))
-        self.nsp = nn.Sequential(nn.Linear(1024, 1024), nn.Tanh(), nn.Linear(1024, 2))
-        poptorch.BeginBlock(self.bert.embeddings, "embeddings", ipu_id=0)
-        start = 0
-        for ipu, count in enumerate(layers):
-            poptorch.BeginBlock(self.bert.encoder.layer[start], f"layers{ipu}", ipu_id=ipu)
-            start += count
-        poptorch.BeginBlock(self.transform, "heads", ipu_id=0)
-
-    def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, masked: torch.Tensor,
-        labels: torch.Tensor, nsp_labels: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
-        hidden = self.bert(input_ids=ids, position_ids=positions).last_hidden_state
-        picked = torch.gather(hidden, 1, masked.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        logits = self.transform(picked) @ self.bert.embeddings.word_embeddings.weight.t()
-        mlm = nn.functional.cross_entropy(
-            (logits + self.decoder_bias).float().flatten(0, 1), labels.flatten()
-        )
-        nsp = self.nsp(hidden[:, :3]).float().flatten(0, 1)
-        loss = mlm + nn.functional.cross_entropy(nsp, nsp_labels.flatten())
-        return poptorch.identity_loss(loss, reduction="none")
-
-
-class ResNetTraining(nn.Module):
-    """ResNet-50 v1.5 (torchvision) with its loss."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        from torchvision.models import resnet50
-
-        self.net = resnet50()
-
-    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(self.net(images).float(), labels)
-
-
-def _bert(ga: int) -> tuple[Any, tuple[torch.Tensor, ...]]:
-    model = PackedBertPretraining().half()
-    opts = poptorch.Options().useOfflineIpuTarget(2).replicationFactor(4)
-    opts.Training.gradientAccumulation(ga)
-    # the heads return to IPU 0: stages in execution order
-    opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
-    opts.TensorLocations.setOptimizerLocation(
-        poptorch.TensorLocationSettings().useOnChipStorage(False).useReplicatedTensorSharding(True)
-    )
-    optimizer = poptorch.optim.LAMB(model.parameters(), lr=1e-3, accum_type=torch.float16)
-    rows = ga * 4 * 2
-    inputs = (
-        torch.zeros(rows, 512, dtype=torch.long),
-        torch.arange(512).repeat(rows, 1),
-        torch.zeros(rows, MAX_PREDICTIONS, dtype=torch.long),
-        torch.zeros(rows, MAX_PREDICTIONS, dtype=torch.long),
-        torch.zeros(rows, 3, dtype=torch.long),
-    )
-    return poptorch.trainingModel(model, opts, optimizer), inputs
-
-
-def _resnet(ga: int) -> tuple[Any, tuple[torch.Tensor, ...]]:
-    model = ResNetTraining().half()
-    opts = poptorch.Options().useOfflineIpuTarget(2).replicationFactor(16)
-    opts.Training.gradientAccumulation(ga)
-    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    rows = ga * 16 * 20
-    images = torch.empty(rows, 3, 224, 224, dtype=torch.float16)  # never read: offline
-    return poptorch.trainingModel(model, opts, optimizer), (
-        images, torch.zeros(rows, dtype=torch.long),
-    )  # fmt: skip
 
 
 @dataclass
@@ -180,20 +102,19 @@ class Compiled:
     compile_s: float
 
 
-def compile_row(row: Row, cache: dict[tuple[str, int], Compiled]) -> Compiled:
-    """Compile ``row``'s configuration offline (once per model and GA)."""
-    key = (row.model, row.gradient_accumulation)
+def compile_row(row: Row, cache: dict[str, Compiled]) -> Compiled:
+    """Compile ``row``'s configuration offline on the meta device (once per configuration)."""
+    key = row.config.name
     if key not in cache:
-        build = _bert if row.model == "bert" else _resnet
-        model, inputs = build(row.gradient_accumulation)
         start = time.perf_counter()
-        model.compile(*inputs)
+        model = compile_published(row.config)
         exe = model._executable
         settings = time_settings(model._options, True, exe.analysis.mode, len(exe.analysis.ipus))
         scale = sequences_per_pack() if row.model == "bert" else 1.0
         cache[key] = Compiled(
             row, exe.analysis, settings, exe.trainer, scale, time.perf_counter() - start
         )
+        model.destroy()
     return dataclasses.replace(cache[key], row=row)
 
 
@@ -289,11 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit", action="store_true", help="fit the parameters on these rows")
     parser.add_argument("--only", choices=("bert", "resnet"), help="one model's rows")
     parser.add_argument("--cost", action="store_true", help="the estimate's share of compiles")
+    parser.add_argument("--quick", action="store_true", help="the ResNet-50 rows only")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.only = "resnet"
     if args.cost:
         cost()
         return 0
-    cache: dict[tuple[str, int], Compiled] = {}
+    cache: dict[str, Compiled] = {}
     rows = [compile_row(r, cache) for r in ROWS if args.only in (None, r.model)]
     start = time.perf_counter()
     cal = fit(rows) if args.fit else CALIBRATION
@@ -301,11 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fitted in {time.perf_counter() - start:.0f} s: {cal}")
     print(f"BERT sequences per pack (SPFHP, at most 3, Wikipedia histogram): "
           f"{sequences_per_pack():.3f}")  # fmt: skip
-    print(f"{'row':<24}{'published':>12}{'predicted':>12}{'error':>9}{'compile':>10}")
+    print(f"{'row':<24}{'published':>12}{'predicted':>12}{'ratio':>8}{'error':>9}{'compile':>10}")
     errs = errors(rows, cal)
     for c, err in zip(rows, errs):
         print(f"{c.row.name:<24}{c.row.published:>12,.0f}{predict(c, cal):>12,.0f}"
-              f"{100 * err:>8.1f}%{c.compile_s:>9.1f}s")  # fmt: skip
+              f"{1 + err:>7.3f}x{100 * err:>8.1f}%{c.compile_s:>9.1f}s")  # fmt: skip
     absolute = [abs(e) for e in errs]
     print(f"mean |error| {100 * statistics.mean(absolute):.1f}%, "
           f"max |error| {100 * max(absolute):.1f}%")  # fmt: skip

@@ -379,3 +379,22 @@ def test_cycle_count_of_one_of_several_instances_warns_which_it_counts(
     with caplog.at_level(logging.WARNING, logger="poptorch::python"):
         assert cycle_count(opts, True, report) == report.cycles
     assert "cycleCount() predicts one instance of 4 (Distributed.numProcesses)" in caplog.text
+
+
+def test_a_stage_whose_ops_could_not_be_counted_is_named_not_a_silent_zero(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import dataclasses
+
+    from poptorch_sim.timing.estimate import estimate
+    from poptorch_sim.timing.settings import time_settings
+
+    model = _training(Chain(2), _options(4), mb=2)
+    analysis = model._executable.analysis
+    broken = dataclasses.replace(analysis.activations[1], ops=None, method="failed: Boom")
+    analysis = dataclasses.replace(analysis, activations=[analysis.activations[0], broken])
+    settings = time_settings(model._options, True, analysis.mode, 2)
+    with caplog.at_level(logging.WARNING, logger="poptorch::python"):
+        report = estimate(analysis, settings, model._executable.trainer)
+    assert any("stage(s) [1] could not be counted (failed: Boom)" in n for n in report.notes)
+    assert "could not be counted" in caplog.text

@@ -3,7 +3,7 @@
     report.py       TimeReport / IpuTime: the table (``str``) and the Gantt chart (``.plot``)
     settings.py     the options that matter (IPU version, DI, GA, replicas, offload, RTS)
     hardware.py     one table of constants per IPU version, each with its source
-    calibration.py  the three fitted parameters and the data they were fitted on
+    calibration.py  the parameters no datasheet gives: two fitted (and on what), two set
     estimate.py     the cost model ([Note: what a call costs])
     build.py        the compile hook
     plot.py         the Gantt chart

@@ -252,7 +252,7 @@ def estimate(
         micro_batches=micro,
         settings=_summary(settings, analysis),
         unknown_ops=unknown,
-        notes=_notes(settings, unknown),
+        notes=_notes(settings, unknown) + _uncounted(analysis),
         stages=sorted(st for w in works for st in w.per_stage),
     )
 
@@ -292,6 +292,19 @@ def _unknown_ops(analysis: ProgramAnalysis) -> list[str]:
             "lists such ops)"
         )
     return list(names)
+
+
+def _uncounted(analysis: ProgramAnalysis) -> list[str]:
+    """A note (and a warning) for stages whose forward could not be counted: never a silent 0."""
+    missing = [a for a in analysis.activations if a.ops is None]
+    if not missing:
+        return []
+    note = (
+        f"the ops of stage(s) {[a.stage for a in missing]} could not be counted ({missing[0].method}"
+        "): their compute is missing from this estimate"
+    )
+    warning_once(f"time estimate: {note}")
+    return [note]
 
 
 def _summary(settings: TimeSettings, analysis: ProgramAnalysis) -> dict[str, Any]:
