@@ -71,7 +71,10 @@ def start_context(strategy: SharingStrategy) -> multiprocessing.context.BaseCont
     >>> start_context(SharingStrategy.Fork).get_start_method()
     'fork'
     """
-    context = multiprocessing.get_context(_METHODS[SharingStrategy(strategy)])
+    method = _METHODS[SharingStrategy(strategy)]
+    if method not in multiprocessing.get_all_start_methods():  # no fork server off POSIX
+        method = "spawn"
+    context = multiprocessing.get_context(method)
     if context.get_start_method() == "forkserver":
         _preload_worker_module()
     return context
