@@ -63,6 +63,17 @@ def test_an_absolute_frame_into_the_project_is_the_projects() -> None:
     assert _classify(text) == "poptorch_sim"
 
 
+def test_an_ipu_against_cpu_mismatch_in_the_apps_assertion_is_poptorch_sims() -> None:
+    # CLIP's tests/cpu_ipu_test.py: the assertion is the app's frame, the numbers are ours.
+    text = (
+        "    assert np.allclose(cpu_loss.numpy(), ipu_loss.numpy(), atol=1e-6)\n"
+        "E   assert False\n"
+        "E    +  where False = <function allclose at 0x7f>(array(2.84), array(3.07), atol=1e-06)\n"
+        "tests/cpu_ipu_test.py:85: AssertionError\n"
+    )
+    assert _classify(text) == "poptorch_sim"
+
+
 def test_the_apps_own_frame_and_an_installed_package_keep_their_classes() -> None:
     app = "model.py:120: in forward\n    x = y\nTypeError: bad operand\n"
     assert _classify(app) == "app"

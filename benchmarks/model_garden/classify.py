@@ -1,7 +1,8 @@
 """Sorting a model-garden failure into the party that must fix it.
 
-    poptorch_sim   the simulator lacks or breaks a PopTorch/PopART name or behaviour, or the run
-                   hung or ran out of time with no other reason shown
+    poptorch_sim   the simulator lacks or breaks a PopTorch/PopART name or behaviour, its numbers
+                   differ from the CPU's in a test that compares them, or the run hung or ran
+                   out of time with no other reason shown
     environment    a package that did not install or does not work on this Python, a download,
                    a data set or compiled custom op that is not there, an SDK tool
     app            the application's own code against today's libraries (torch 2, Python 3.11)
@@ -50,6 +51,12 @@ _ENVIRONMENT = re.compile(
 )
 # A run stopped for time: the runner's marker, or pytest-timeout's report of one test.
 _HANG = re.compile(re.escape(TIMED_OUT) + r"|Failed: Timeout >|\+{5,} Timeout \+{5,}")
+# A numerical comparison that failed: the apps' tests compare the IPU run with the CPU's (eager
+# PyTorch, the oracle), so a mismatch is the simulator's whatever frame the assertion is in.
+_MISMATCH = re.compile(
+    r"allclose|assert_close|Tensor-likes are not close|Arrays are not (almost )?equal"
+    r"|Not equal to tolerance"
+)
 # A traceback frame as Python prints it, or as pytest's short tracebacks do.
 _FRAME = re.compile(r'File "([^"]+)", line \d+, in (\w+)|^(\S+\.py):\d+: in (\S+)', re.M)
 # Simulator frames that only pass a call through: loss recorders' TorchFunctionModes and the
@@ -107,6 +114,8 @@ def classify(text: str, project_root: str, cwd: str | None = None) -> str:
         return "environment" if re.search(_NETWORK, text) else "poptorch_sim"
     if _ENVIRONMENT.search(text):
         return "environment"
+    if "AssertionError" in text and _MISMATCH.search(text):
+        return "poptorch_sim"
     frames = _frames(text, cwd)
     if frames and _in_project(frames[-1], project_root):
         return "poptorch_sim"
