@@ -24,13 +24,15 @@ and only the call's last run steps the optimizer. A mode measured more than ``RU
 as slow as the trial's fastest whole mode runs no more in that trial (a whole mode's turn goes
 to the split), so lending on a loaded machine, where its two-thread ops wait at their barriers
 for parked threads, costs one call in a trial, not two. Nor does a trial lend or probe one
-thread where the run before found the workers' threads on a CPU for less than ``UNDERUSED`` of
-their compute actions' time: stages that wait (a sleep, a device) leave their cores idle, and
-lent cores make two such stages take turns, one thread runs their waits one after another (a
-2-stage pipeline sleeping 10 ms a forward: its lent trial call 1.65x its split call); and where
-other processes hold the cores, two-thread ops wait at their barriers for parked threads (the
-build machine at load 14: BERT inference's call probing one thread on 1 of 10 micro-batches
-took 2.4x the steady call).
+thread where the run before kept less than ``UNDERUSED`` of the cores busy (the thread-seconds
+of its compute actions, ``CoreShare.cost``, over its wall time times the cores): stages that
+wait (a sleep, a device) leave their cores idle, and lent cores make two such stages take
+turns, one thread runs their waits one after another (a 2-stage pipeline sleeping 10 ms a
+forward: its lent trial call 1.65x its split call); and where other processes hold the cores,
+the program's threads are off them, and two-thread ops wait at their barriers for parked
+threads (the build machine at load 14: BERT inference's call probing one thread on 1 of 10
+micro-batches took 2.4x the steady call). A pipeline with more threads than cores still keeps
+them busy, and a quiet machine's later trial measures again.
 
 The choice holds until the next trial (``TRIAL_EVERY`` runs after a trial started, doubling up
 to ``TRIAL_EVERY_MAX`` while trials keep choosing the same mode), unless the machine changes:
@@ -59,8 +61,8 @@ PROBE_SHARE = 0.25  # the most of a call's micro-batches a probe computes
 RULED_OUT = 1.5  # a mode this much slower than the fastest whole mode: tried no more
 DRIFT = 1.5  # the chosen mode's recent time moved by this factor: try the modes again
 DRIFT_RUNS = 5  # runs whose median sets the reference, and is compared with it
-UNDERUSED = 0.5  # workers on a CPU less than this share of their compute time: no lending,
-# no one thread
+UNDERUSED = 0.3  # compute keeping less than this share of the cores busy: no lending, no
+# one thread
 
 
 class Probe(NamedTuple):
@@ -112,7 +114,7 @@ class Trials:
         self._reference: float | None = None  # the chosen mode's median after the trial
         self._recent: deque[float] = deque(maxlen=DRIFT_RUNS)
         self._skip: set[str] = set()  # modes the current trial leaves out
-        self._busy: float | None = None  # the last run's share of compute time on a CPU
+        self._used: float | None = None  # the share of the cores the last run kept busy
         self.measured: dict[str, float] = {}  # the last trial's times per mode: s per mb
 
     def _phase(self) -> int:
@@ -149,7 +151,7 @@ class Trials:
         fastest whole mode, or skipped by a trial the machine's load started."""
         if mode == self.whole[0]:
             return False
-        if mode in ("lent", "one thread") and self._busy is not None and self._busy < UNDERUSED:
+        if mode in ("lent", "one thread") and self._used is not None and self._used < UNDERUSED:
             return True
         return mode in self._skip or _slow(self._times, mode, self.whole)
 
@@ -157,15 +159,15 @@ class Trials:
         self,
         seconds_per_mb: float | None,
         probe_s_per_mb: float | None = None,
-        busy: float | None = None,
+        used: float | None = None,
     ) -> None:
         """Record one run: its time per micro-batch after the probe, the probe's, and the share
-        of the workers' compute time their threads spent on a CPU."""
+        of the cores its compute kept busy."""
         phase, mode = self._phase(), self.mode()
         probed = self._probed(phase)
         self._runs += 1
-        if busy is not None:
-            self._busy = busy
+        if used is not None:
+            self._used = used
         if phase:
             for timed, seconds in ((mode, seconds_per_mb), (probed, probe_s_per_mb)):
                 if timed is not None and seconds is not None:
