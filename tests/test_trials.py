@@ -181,17 +181,18 @@ def test_modes_a_trial_could_not_probe_are_not_chosen() -> None:
     assert trials.choice == "lent"
 
 
-def test_no_lending_nor_one_thread_where_the_workers_waited() -> None:
+def test_the_split_alone_where_the_cores_were_idle() -> None:
     """Stages that sleep (or a machine whose other processes hold the cores) leave the cores
-    idle: the trial neither lends nor probes one thread, and does both again once a quiet
-    machine's runs keep the cores busy."""
-    trials = Trials(PIPELINED, "lent", cores=2)
+    idle: the trial neither lends nor probes, and does both again once a quiet machine's runs
+    keep the cores busy."""
+    trials = Trials(INFERENCE, "lent", cores=2)
     waiting = 0.0  # stages that only sleep
-    _, ran = call_times(trials, SLEEPING, 1 + 2 * TRIAL_RUNS + DRIFT_RUNS, 16, used=waiting)
+    sleeping = {**SLEEPING, "side by side": 21.0}
+    _, ran = call_times(trials, sleeping, 1 + 2 * TRIAL_RUNS + DRIFT_RUNS, 16, used=waiting)
     assert ran[1 : 1 + 2 * TRIAL_RUNS] == [("split", None)] * (2 * TRIAL_RUNS)
     assert trials.choice == "split" and trials.measured.keys() == {"split"}
-    quiet = {"split": 8.0, "lent": 6.0, "one thread": 9.0}
+    quiet = {"split": 8.0, "lent": 6.0, "one thread": 8.5, "side by side": 8.5}
     _, ran = call_times(trials, quiet, DRIFT_RUNS + 2 * TRIAL_RUNS, 16, used=0.9)
-    probes = ["one thread"] * TRIAL_RUNS + [None] * TRIAL_RUNS
+    probes = ["one thread", "side by side"] * TRIAL_RUNS
     assert ran[DRIFT_RUNS:] == list(zip(["split", "lent"] * TRIAL_RUNS, probes))
     assert trials.choice == "lent"
