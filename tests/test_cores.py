@@ -358,6 +358,7 @@ def test_a_stage_computing_alone_borrows_every_core(
     """One micro-batch: stage 1 waits for stage 0, so each computes alone, on both cores (the
     second run is the trial on the equal split, the third lends again)."""
     monkeypatch.delenv("POPTORCH_SIM_THREADS_PER_IPU", raising=False)
+    monkeypatch.setattr(trials, "UNDERUSED", 0.0)  # lend, however little the stages compute
     program, probes = _two_stages()
     trace = TraceRecorder()
     with PipelineRuntime(program, training=False, devices=CPU, trace=trace) as rt:

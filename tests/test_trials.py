@@ -24,11 +24,11 @@ SLEEPING = {"split": 20.0, "lent": 20.5, "one thread": 40.0}
 
 
 def call_times(
-    trials: Trials, per_mb: dict[str, float], calls: int, count: int, busy: float = 1.0
+    trials: Trials, per_mb: dict[str, float], calls: int, count: int, used: float = 1.0
 ) -> tuple[list[float], list[tuple[str, str | None]]]:
     """Each call's time (its probe's micro-batches in the probed mode, the rest in the call's
-    mode) and what it ran, the trials fed with the times per micro-batch and with ``busy``, the
-    share of the workers' compute time on a CPU."""
+    mode) and what it ran, the trials fed with the times per micro-batch and with ``used``, the
+    share of the cores the runs' compute kept busy."""
     times, ran = [], []
     for _ in range(calls):
         mode, probe = trials.mode(), trials.probe(count)
@@ -36,7 +36,7 @@ def call_times(
         probe_s = per_mb[probe.mode] if probe is not None else None
         times.append(first * (probe_s or 0.0) + (count - first) * per_mb[mode])
         ran.append((mode, probe.mode if probe is not None else None))
-        trials.observe(per_mb[mode], probe_s, busy)
+        trials.observe(per_mb[mode], probe_s, used)
     return times, ran
 
 
@@ -181,17 +181,18 @@ def test_modes_a_trial_could_not_probe_are_not_chosen() -> None:
     assert trials.choice == "lent"
 
 
-def test_no_lending_nor_one_thread_where_the_workers_waited() -> None:
-    """Stages that sleep (or a machine whose other processes hold the cores) leave the workers'
-    threads off the CPU: the trial neither lends nor probes one thread, and does both again
-    once a quiet machine's runs find them computing."""
-    trials = Trials(PIPELINED, "lent", cores=2)
+def test_the_split_alone_where_the_cores_were_idle() -> None:
+    """Stages that sleep (or a machine whose other processes hold the cores) leave the cores
+    idle: the trial neither lends nor probes, and does both again once a quiet machine's runs
+    keep the cores busy."""
+    trials = Trials(INFERENCE, "lent", cores=2)
     waiting = 0.0  # stages that only sleep
-    _, ran = call_times(trials, SLEEPING, 1 + 2 * TRIAL_RUNS + DRIFT_RUNS, 16, busy=waiting)
+    sleeping = {**SLEEPING, "side by side": 21.0}
+    _, ran = call_times(trials, sleeping, 1 + 2 * TRIAL_RUNS + DRIFT_RUNS, 16, used=waiting)
     assert ran[1 : 1 + 2 * TRIAL_RUNS] == [("split", None)] * (2 * TRIAL_RUNS)
     assert trials.choice == "split" and trials.measured.keys() == {"split"}
-    quiet = {"split": 8.0, "lent": 6.0, "one thread": 9.0}
-    _, ran = call_times(trials, quiet, DRIFT_RUNS + 2 * TRIAL_RUNS, 16, busy=0.9)
-    probes = ["one thread"] * TRIAL_RUNS + [None] * TRIAL_RUNS
+    quiet = {"split": 8.0, "lent": 6.0, "one thread": 8.5, "side by side": 8.5}
+    _, ran = call_times(trials, quiet, DRIFT_RUNS + 2 * TRIAL_RUNS, 16, used=0.9)
+    probes = ["one thread", "side by side"] * TRIAL_RUNS
     assert ran[DRIFT_RUNS:] == list(zip(["split", "lent"] * TRIAL_RUNS, probes))
     assert trials.choice == "lent"

@@ -292,13 +292,14 @@ class CoreShare:
         mean_threads: Mapping[int, float],
         seconds_per_mb: float | None = None,
         probe_s_per_mb: float | None = None,
-        busy: float | None = None,
+        used: float | None = None,
     ) -> None:
         """Record one run: each IPU worker's thread-seconds of compute and its mean threads, and
         for the trials the run's wall time per micro-batch after its probe, the probe's, and
-        the share of the workers' compute time their threads spent on a CPU."""
+        the share of the cores its compute kept busy (thread-seconds over wall time times
+        ``cores``)."""
         mode = self.mode()
-        self._trials.observe(seconds_per_mb, probe_s_per_mb, busy)
+        self._trials.observe(seconds_per_mb, probe_s_per_mb, used)
         self._runs += 1
         if mode in ("one thread", "side by side"):
             return  # such a thread's work is not one IPU's

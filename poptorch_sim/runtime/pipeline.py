@@ -152,7 +152,6 @@ class PipelineRuntime:
         self._given = dict(self.cores.threads)  # the split the workers run with
         self._cost_s: dict[int, float] = {}  # per IPU, the current run's (see Finished.cost_s)
         self._mean_threads: dict[int, float] = {}  # per IPU, the current run's
-        self._seconds: dict[int, tuple[float, float]] = {}  # per IPU: compute CPU, wall s
         self._reports: queue.Queue[tuple[bool, Any]] = queue.Queue()
         self._executors = make_executors(program, self.routes, self.devices, training=training)
         if not training and all_cpu:
@@ -357,8 +356,12 @@ class PipelineRuntime:
         )
         results += rest
         seconds_per_mb = seconds / (count - first)
+        # the share of the cores its compute kept busy (See [Note: trials that cost a fraction
+        # of a call])
+        used = sum(self._cost_s.values()) / (seconds * self.cores.cores) if seconds > 0 else None
         # a run may have left a worker's count as default (every run with lent cores)
-        self._share_cores(resplit or lent, seconds_per_mb, probe_s, count / (count - first))
+        scale = count / (count - first)
+        self._share_cores(resplit or lent, seconds_per_mb, probe_s, scale, used)
         return [self._assemble(m, results[m], micro_batches[m]) for m in range(len(results))]
 
     def _run_part(
@@ -410,7 +413,7 @@ class PipelineRuntime:
             )
             worker.inbox.put(job)
         self._pending = set(self._workers)
-        self._cost_s, self._mean_threads, self._seconds = {}, {}, {}
+        self._cost_s, self._mean_threads = {}, {}
         try:
             results = self._drive(serial, micro_batches, first, last, job_abort)
             return results, time.perf_counter() - start
@@ -507,17 +510,21 @@ class PipelineRuntime:
                     results[output.mb - first].update(output.values)
                 self._cost_s[payload.ipu] = payload.cost_s
                 self._mean_threads[payload.ipu] = payload.threads
-                self._seconds[payload.ipu] = (payload.cpu_s, payload.wall_s)
                 pending.discard(payload.ipu)
         return results
 
     def _share_cores(
-        self, resplit: bool, seconds_per_mb: float, probe_s: float | None, scale: float
+        self,
+        resplit: bool,
+        seconds_per_mb: float,
+        probe_s: float | None,
+        scale: float,
+        used: float | None,
     ) -> None:
         """After a call: record the workers' measured work (``scale`` times that of the run
         after the probe: a whole call's), the times per micro-batch of the run after the probe
-        and of the probe, and the share of the workers' compute time on a CPU (See [Note:
-        cores follow the work]).
+        and of the probe, and the share of the cores its compute kept busy (See [Note: cores
+        follow the work]).
 
         A run whose workers took a new thread count (every run with lent cores) left that count
         as the process-wide default: restore it (See [Note: per-thread intra-op threads]).
@@ -525,9 +532,7 @@ class PipelineRuntime:
         if resplit:
             restore_default_threads(self._main_threads)
         cost = {ipu: spent * scale for ipu, spent in self._cost_s.items()}
-        cpu, wall = (sum(s) for s in zip((0.0, 0.0), *self._seconds.values()))
-        busy = cpu / wall if wall > 0 else None
-        self.cores.observe(cost, self._mean_threads, seconds_per_mb, probe_s, busy)
+        self.cores.observe(cost, self._mean_threads, seconds_per_mb, probe_s, used)
 
     def _check_alive(self, pending: set[int], job_abort: threading.Event) -> None:
         """A worker thread that vanished mid-run would leave the caller waiting for ever."""

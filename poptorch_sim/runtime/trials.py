@@ -23,14 +23,18 @@ micro-batches still run in order, each parameter's gradients accumulate in micro
 and only the call's last run steps the optimizer. A mode measured more than ``RULED_OUT`` times
 as slow as the trial's fastest whole mode runs no more in that trial (a whole mode's turn goes
 to the split), so lending on a loaded machine, where its two-thread ops wait at their barriers
-for parked threads, costs one call in a trial, not two. Nor does a trial lend or probe one
-thread where the run before found the workers' threads on a CPU for less than ``UNDERUSED`` of
-their compute actions' time: stages that wait (a sleep, a device) leave their cores idle, and
-lent cores make two such stages take turns, one thread runs their waits one after another (a
-2-stage pipeline sleeping 10 ms a forward: its lent trial call 1.65x its split call); and where
-other processes hold the cores, two-thread ops wait at their barriers for parked threads (the
-build machine at load 14: BERT inference's call probing one thread on 1 of 10 micro-batches
-took 2.4x the steady call).
+for parked threads, costs one call in a trial, not two. And a trial runs the split alone (no
+lending, no probe) where the run before kept less than ``UNDERUSED`` of the cores busy (the thread-seconds
+of its compute actions, ``CoreShare.cost``, over its wall time times the cores): stages that
+wait (a sleep, a device) leave their cores idle, and lent cores make two such stages take
+turns, one thread runs their waits one after another (a 2-stage pipeline sleeping 10 ms a
+forward: its lent trial call 1.65x its split call); and where other processes hold the cores,
+the program's threads are off them, and two-thread ops wait at their barriers for parked
+threads (the build machine at load 14: BERT inference's call probing one thread on 1 of 10
+micro-batches took 2.4x the steady call; GPT-2 inference's calls probing side by side on 2 of
+10, 1.8x). The other modes use the cores better; a program that does not get them, or does
+not use them, gains nothing from them. A pipeline with more threads than cores still keeps
+them busy, and a quiet machine's later trial measures again.
 
 The choice holds until the next trial (``TRIAL_EVERY`` runs after a trial started, doubling up
 to ``TRIAL_EVERY_MAX`` while trials keep choosing the same mode), unless the machine changes:
@@ -59,8 +63,7 @@ PROBE_SHARE = 0.25  # the most of a call's micro-batches a probe computes
 RULED_OUT = 1.5  # a mode this much slower than the fastest whole mode: tried no more
 DRIFT = 1.5  # the chosen mode's recent time moved by this factor: try the modes again
 DRIFT_RUNS = 5  # runs whose median sets the reference, and is compared with it
-UNDERUSED = 0.5  # workers on a CPU less than this share of their compute time: no lending,
-# no one thread
+UNDERUSED = 0.3  # compute keeping less than this share of the cores busy: the split alone
 
 
 class Probe(NamedTuple):
@@ -112,7 +115,7 @@ class Trials:
         self._reference: float | None = None  # the chosen mode's median after the trial
         self._recent: deque[float] = deque(maxlen=DRIFT_RUNS)
         self._skip: set[str] = set()  # modes the current trial leaves out
-        self._busy: float | None = None  # the last run's share of compute time on a CPU
+        self._used: float | None = None  # the share of the cores the last run kept busy
         self.measured: dict[str, float] = {}  # the last trial's times per mode: s per mb
 
     def _phase(self) -> int:
@@ -145,11 +148,12 @@ class Trials:
         return Probe(mode, size)
 
     def _ruled_out(self, mode: str) -> bool:
-        """Whether this trial runs ``mode`` no more: measured ``RULED_OUT`` times as slow as the
-        fastest whole mode, or skipped by a trial the machine's load started."""
+        """Whether this trial runs ``mode`` no more: the last run kept less than ``UNDERUSED``
+        of the cores busy, ``mode`` measured ``RULED_OUT`` times as slow as the fastest whole
+        mode, or skipped by a trial the machine's load started."""
         if mode == self.whole[0]:
             return False
-        if mode in ("lent", "one thread") and self._busy is not None and self._busy < UNDERUSED:
+        if self._used is not None and self._used < UNDERUSED:
             return True
         return mode in self._skip or _slow(self._times, mode, self.whole)
 
@@ -157,15 +161,15 @@ class Trials:
         self,
         seconds_per_mb: float | None,
         probe_s_per_mb: float | None = None,
-        busy: float | None = None,
+        used: float | None = None,
     ) -> None:
         """Record one run: its time per micro-batch after the probe, the probe's, and the share
-        of the workers' compute time their threads spent on a CPU."""
+        of the cores its compute kept busy."""
         phase, mode = self._phase(), self.mode()
         probed = self._probed(phase)
         self._runs += 1
-        if busy is not None:
-            self._busy = busy
+        if used is not None:
+            self._used = used
         if phase:
             for timed, seconds in ((mode, seconds_per_mb), (probed, probe_s_per_mb)):
                 if timed is not None and seconds is not None:

@@ -107,8 +107,7 @@ class Output:
 class Finished:
     """A worker's end of a run; ``outputs`` holds the ``Output`` it deferred (see ``_report``),
     ``cost_s`` the CPU seconds its thread spent in forward, backward and step actions times the
-    intra-op threads it ran each with, ``threads`` its mean threads over their wall time,
-    ``cpu_s`` and ``wall_s`` the CPU and wall seconds of its thread in those actions."""
+    intra-op threads it ran each with, ``threads`` its mean threads over their wall time."""
 
     run_id: int
     ipu: int
@@ -116,8 +115,6 @@ class Finished:
     outputs: tuple[Output, ...] = ()
     cost_s: float = 0.0
     threads: float = 0.0
-    cpu_s: float = 0.0
-    wall_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -202,8 +199,8 @@ class IpuWorker:
         self._stash: dict[tuple[str, int, int], dict[int, Values]] = {}
         self._held: dict[tuple[ActionKind, int, int], Values] = {}
         self._outputs: list[Output] = []  # deferred to the Finished report (see _report)
-        # this run's compute actions: thread-ns of CPU, ns of CPU, ns and thread-ns of wall time
-        self._cost_ns = self._cpu_ns = self._wall_ns = self._thread_wall_ns = 0
+        # this run's compute actions: thread-ns of CPU, ns and thread-ns of wall time
+        self._cost_ns = self._wall_ns = self._thread_wall_ns = 0
         self.thread = threading.Thread(
             target=self._main,
             name=f"poptorch_sim IPU {', '.join(map(str, self._ipus))}",
@@ -238,7 +235,7 @@ class IpuWorker:
     def _run(self, job: Job) -> bool:
         """Run one job; returns False when the thread must leave (STOP arrived)."""
         leave, action = False, None
-        self._cost_ns = self._cpu_ns = self._wall_ns = self._thread_wall_ns = 0
+        self._cost_ns = self._wall_ns = self._thread_wall_ns = 0
         self._widest = self._running
         try:
             self._set_threads(job)
@@ -249,9 +246,10 @@ class IpuWorker:
             outputs = tuple(self._outputs)
             cost_s = self._cost_ns / 1e9
             threads = self._thread_wall_ns / self._wall_ns if self._wall_ns else 0.0
-            seconds = {"cpu_s": self._cpu_ns / 1e9, "wall_s": self._wall_ns / 1e9}
-            finished = Finished(job.run_id, self.ipu, False, outputs, cost_s, threads, **seconds)
-            report: tuple[bool, Any] = (True, finished)
+            report: tuple[bool, Any] = (
+                True,
+                Finished(job.run_id, self.ipu, False, outputs, cost_s, threads),
+            )
         except _Aborted as stop:
             leave = stop.leave
             report = (True, Finished(job.run_id, self.ipu, aborted=True))
@@ -320,7 +318,6 @@ class IpuWorker:
             if budget is not None:
                 budget.give(self.ipu)
         self._cost_ns += cpu * self._running
-        self._cpu_ns += cpu
         self._wall_ns += wall
         self._thread_wall_ns += wall * self._running
 
