@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# Sets everything up, then runs the test suite (long runs marked `slow` are left out).
+# Sets everything up, then runs the test suite on every core (pytest-xdist). Long runs marked
+# `slow` are left out; `scripts/test.sh --all` runs them too. Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export POPTORCH_SIM_OFFLINE=${POPTORCH_SIM_OFFLINE:-1}
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+select=()
+if [ "${1:-}" == "--all" ]; then
+    shift
+    select=(-m "")
+fi
+# One test process per core (at least 2: much of a test's time is Python waiting on threads).
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "${POPTORCH_SIM_TEST_WORKERS:-auto}" \
+    "${select[@]}" "$@"
