@@ -17,7 +17,8 @@ from setuptools import find_packages, setup
 #   engine/tile_engine.h, common/simd.h: c10's scalar types and TORCH_CHECK at most), and only
 #   the files that register ops or take tensors include torch's; module.cpp includes torch's
 #   pybind11 casters, not <torch/extension.h>;
-# - the test-only 8-lane network compiles at -O1 (csrc/sort/bitonic_8_lanes.cpp);
+# (The test-only 8-lane network, 119 CPU seconds at -O3, took longer still under
+# `#pragma GCC optimize("O1")`: its cost is the always-inlined network itself.)
 # - ninja gets the longest files first, so that two cores finish together;
 # - scripts/setup.sh keeps each built library in a cache keyed by the sources, torch, the
 #   compiler and Python, so a fresh clone of a tree built before copies it.
