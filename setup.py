@@ -29,9 +29,7 @@ def _extensions() -> tuple[list, dict]:
     """The C++ extension, unless POPTORCH_SIM_SKIP_EXT=1 (scripts/setup.sh builds it apart)."""
     # One folder per op family (csrc/optim, csrc/sort, csrc/engine; csrc/common for what they
     # share); each file includes the others by their path under csrc/. See [Note: build time].
-    sources = sorted(
-        glob.glob("csrc/**/*.cpp", recursive=True), key=lambda path: (path not in _LONGEST, path)
-    )
+    sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
     if not sources or os.environ.get("POPTORCH_SIM_SKIP_EXT") == "1":
         return [], {}
     import torch
@@ -60,7 +58,33 @@ def _extensions() -> tuple[list, dict]:
         py_limited_api=False,
     )
     ext_class = cpp_extension.CUDAExtension if use_cuda else cpp_extension.CppExtension
-    return [ext_class(**kwargs)], {"build_ext": cpp_extension.BuildExtension}
+    return [ext_class(**kwargs)], {"build_ext": _longest_first(cpp_extension.BuildExtension)}
+
+
+def _longest_first(build_ext: type) -> type:
+    """``build_ext`` handing the compiler the longest files first (see [Note: build time]).
+
+    distutils sorts an extension's sources by name before it compiles them, and ninja starts
+    them in that order; this reorders them between the two.
+    """
+
+    class BuildExt(build_ext):
+        def build_extension(self, ext) -> None:
+            compile_sources = self.compiler.compile
+
+            def compile_longest_first(sources, *args, **kwargs):
+                def key(path: str) -> tuple[bool, str]:
+                    return (os.path.relpath(path) not in _LONGEST, path)
+
+                return compile_sources(sorted(sources, key=key), *args, **kwargs)
+
+            self.compiler.compile = compile_longest_first
+            try:
+                super().build_extension(ext)
+            finally:
+                self.compiler.compile = compile_sources
+
+    return BuildExt
 
 
 ext_modules, cmdclass = _extensions()
