@@ -10,6 +10,8 @@ if [ "${1:-}" == "--all" ]; then
     shift
     select=(-m "")
 fi
-# One test process per core (at least 2: much of a test's time is Python waiting on threads).
-.venv/bin/python -m pytest -q -p no:cacheprovider -n "${POPTORCH_SIM_TEST_WORKERS:-auto}" \
-    "${select[@]}" "$@"
+# One test process per core the command may use, at least 2 (much of a test's time is spent
+# waiting on threads and child processes); POPTORCH_SIM_TEST_WORKERS overrides it. Each process
+# has its own SIMD choice cache (tests/conftest.py).
+workers=${POPTORCH_SIM_TEST_WORKERS:-$(( $(nproc) > 2 ? $(nproc) : 2 ))}
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" ${select[@]+"${select[@]}"} "$@"
