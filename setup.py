@@ -7,11 +7,28 @@ import os
 
 from setuptools import find_packages, setup
 
+# [Note: build time]
+# A cold build of the extension is the compiler's work on a few files: the SIMD variants of the
+# bitonic network (csrc/sort/bitonic_*.cpp) instantiate its templates for nine dtypes each, and
+# took about 60-120 CPU seconds apiece at -O3 on a 2-vCPU Xeon (2026-11-28); parsing torch's
+# headers took 8-9 s in each file that includes <ATen/ATen.h> or <torch/library.h>, and 30 s
+# for <torch/extension.h>. So:
+# - the kernels' headers are torch-free (sort/sort.h, sort/bitonic/*, optim/optimizer_tiles.h,
+#   engine/tile_engine.h, common/simd.h: c10's scalar types and TORCH_CHECK at most), and only
+#   the files that register ops or take tensors include torch's; module.cpp includes torch's
+#   pybind11 casters, not <torch/extension.h>;
+# (The test-only 8-lane network, 119 CPU seconds at -O3, took longer still under
+# `#pragma GCC optimize("O1")`: its cost is the always-inlined network itself.)
+# - ninja gets the longest files first, so that two cores finish together;
+# - scripts/setup.sh keeps each built library in a cache keyed by the sources, torch, the
+#   compiler and Python, so a fresh clone of a tree built before copies it.
+_LONGEST = {f"csrc/sort/bitonic_{name}.cpp" for name in ("avx512", "avx2", "base", "8_lanes")}
+
 
 def _extensions() -> tuple[list, dict]:
     """The C++ extension, unless POPTORCH_SIM_SKIP_EXT=1 (scripts/setup.sh builds it apart)."""
     # One folder per op family (csrc/optim, csrc/sort, csrc/engine; csrc/common for what they
-    # share); each file includes the others by their path under csrc/.
+    # share); each file includes the others by their path under csrc/. See [Note: build time].
     sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
     if not sources or os.environ.get("POPTORCH_SIM_SKIP_EXT") == "1":
         return [], {}
@@ -41,7 +58,33 @@ def _extensions() -> tuple[list, dict]:
         py_limited_api=False,
     )
     ext_class = cpp_extension.CUDAExtension if use_cuda else cpp_extension.CppExtension
-    return [ext_class(**kwargs)], {"build_ext": cpp_extension.BuildExtension}
+    return [ext_class(**kwargs)], {"build_ext": _longest_first(cpp_extension.BuildExtension)}
+
+
+def _longest_first(build_ext: type) -> type:
+    """``build_ext`` handing the compiler the longest files first (see [Note: build time]).
+
+    distutils sorts an extension's sources by name before it compiles them, and ninja starts
+    them in that order; this reorders them between the two.
+    """
+
+    class BuildExt(build_ext):
+        def build_extension(self, ext) -> None:
+            compile_sources = self.compiler.compile
+
+            def compile_longest_first(sources, *args, **kwargs):
+                def key(path: str) -> tuple[bool, str]:
+                    return (os.path.relpath(path) not in _LONGEST, path)
+
+                return compile_sources(sorted(sources, key=key), *args, **kwargs)
+
+            self.compiler.compile = compile_longest_first
+            try:
+                super().build_extension(ext)
+            finally:
+                self.compiler.compile = compile_sources
+
+    return BuildExt
 
 
 ext_modules, cmdclass = _extensions()

@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# Sets everything up, then runs the test suite (long runs marked `slow` are left out).
+# Sets everything up, then runs the test suite on every core (pytest-xdist). Long runs marked
+# `slow` are left out; `scripts/test.sh --all` runs them too. Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export POPTORCH_SIM_OFFLINE=${POPTORCH_SIM_OFFLINE:-1}
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+select=()
+if [ "${1:-}" == "--all" ]; then
+    shift
+    select=(-m "")
+fi
+# One test process per core the command may use, at least 2 (much of a test's time is spent
+# waiting on threads and child processes); POPTORCH_SIM_TEST_WORKERS overrides it. Each process
+# has its own SIMD choice cache (tests/conftest.py).
+workers=${POPTORCH_SIM_TEST_WORKERS:-$(( $(nproc) > 2 ? $(nproc) : 2 ))}
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" ${select[@]+"${select[@]}"} "$@"

@@ -252,6 +252,9 @@ def test_pipelining_tutorial_runs_in_two_instances(launched: tuple[Path, str]) -
         assert len(lines) == 1, stdout[-3000:]
 
 
+# Slow: a third launch of two instances (each imports torch and compiles the tutorial's model);
+# the tutorial's main already runs in the two launched instances of the tests above, so CI keeps
+# what this checks except the script's own argument parsing. scripts/test.sh --all runs it.
 @pytest.mark.slow
 def test_pipelining_tutorial_is_the_launched_program(tmp_path: Path) -> None:
     data = tmp_path / "mnist"

@@ -18,26 +18,16 @@
 // position in a tile or chunk.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "optim/optimizer_tiles.h"
+
 namespace poptorch_sim {
 namespace optim {
-
-constexpr int64_t kTile = 1024;
-constexpr int kMaxStates = 3;
-
-// One tile's float views: param, grad and up to kMaxStates optimizer states.
-struct TileView {
-  float* param;
-  const float* grad;
-  float* state[kMaxStates];
-  int64_t len;    // elements in this tile (<= kTile)
-  int64_t index;  // tile index within the parameter
-};
 
 // Runs `fn(view)` for tiles [tile_begin, tile_end) of one parameter. States come from
 // `state_base` pointers (one per state, raw data of dtype `state_dtypes[s]`) whose element 0

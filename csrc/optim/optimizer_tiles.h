@@ -2,12 +2,26 @@
 // See [Note: optimizer tiles] in optimizer.h and [Note: SIMD variants] in common/simd.h.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <c10/core/ScalarType.h>
 
-#include "optim/optimizer.h"
+#include <cstdint>
 
 namespace poptorch_sim {
 namespace optim {
+
+// Torch-free (see [Note: kernels without torch's headers] in setup.py): the tile and its view
+// live here, optimizer.h adds the operands as tensors.
+constexpr int64_t kTile = 1024;
+constexpr int kMaxStates = 3;
+
+// One tile's float views: param, grad and up to kMaxStates optimizer states.
+struct TileView {
+  float* param;
+  const float* grad;
+  float* state[kMaxStates];
+  int64_t len;    // elements in this tile (<= kTile)
+  int64_t index;  // tile index within the parameter
+};
 
 // The gradient as the update sees it: unscaled, clipped, negated when maximising. When the loss
 // scaling is a power of two with a normal reciprocal, `g * (1 / ls)` and `g / ls` are the same

@@ -19,6 +19,7 @@
 
 #include "common/simd.h"
 #include "sort/sort.h"
+#include "sort/sort_dispatch.h"
 
 namespace poptorch_sim {
 namespace nms {

@@ -10,6 +10,10 @@
 // and index into one uint64 (key << 32 | index); 64-bit values use a {key, index} pair.
 // Values are read back from the key when the row holds no NaN or -0.0 (exact), else gathered.
 // float16 keys are the same map on the 16 bits, in the high half of 32 (half_key).
+//
+// Torch-free (c10's scalar types only), as is every header the kernels' files include, so that
+// the SIMD variants' files do not parse ATen: the functions taking tensors are declared in
+// sort_dispatch.h. See [Note: kernels without torch's headers] in setup.py.
 #pragma once
 
 #include <algorithm>
@@ -21,7 +25,8 @@
 #include <type_traits>
 #include <vector>
 
-#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include "engine/tile_engine.h"
 #include "sort/bitonic.h"
@@ -342,16 +347,6 @@ void write_sorted(
     body(split_point(count, tiles, tile), split_point(count, tiles, tile + 1));
   }, count);
 }
-
-// torch.sort over the last dim of a contiguous [rows, n] tensor, into contiguous outputs.
-// `values` may be undefined (argsort).
-void sort_last_dim(
-    const at::Tensor& input, bool descending, at::Tensor values, at::Tensor indices,
-    KernelScope& scope);
-
-// Dtypes the sorting family accepts, for error messages.
-const char* supported_dtypes_message();
-bool is_supported_dtype(at::ScalarType type);
 
 }  // namespace sorting
 }  // namespace poptorch_sim

@@ -1,4 +1,5 @@
-// Dtype dispatch for the sorting family: picks the scalar type and its key codec.
+// The sorting family on tensors: dtype dispatch (the scalar type and its key codec) and the row
+// sort of a tensor.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -7,6 +8,10 @@
 
 namespace poptorch_sim {
 namespace sorting {
+
+// Dtypes the sorting family accepts, for error messages.
+const char* supported_dtypes_message();
+bool is_supported_dtype(at::ScalarType type);
 
 // Calls `f(scalar_t{}, Codec{})` for the tensor's dtype; see [Note: sort keys].
 template <typename F>
@@ -38,6 +43,12 @@ void dispatch_sort_type(at::ScalarType type, const char* op, const F& f) {
 }
 
 void check_sortable(const at::Tensor& self, const char* op);
+
+// torch.sort over the last dim of a contiguous [rows, n] tensor, into contiguous outputs.
+// `values` may be undefined (argsort).
+void sort_last_dim(
+    const at::Tensor& input, bool descending, at::Tensor values, at::Tensor indices,
+    KernelScope& scope);
 
 }  // namespace sorting
 }  // namespace poptorch_sim
