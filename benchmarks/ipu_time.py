@@ -57,7 +57,10 @@ from poptorch_sim.timing import CALIBRATION, Calibration  # noqa: E402
 from poptorch_sim.timing.estimate import estimate  # noqa: E402
 from poptorch_sim.timing.settings import time_settings  # noqa: E402
 
-HISTOGRAM = Path(__file__).resolve().parent / "data/wikipedia_512_histogram.txt"
+# Graphcore's published length histogram (512 counts, one per line). The project does not ship
+# it: it lies in the steering repository's shared/reference/ beside a checkout; --histogram
+# points elsewhere.
+HISTOGRAM = Path(__file__).resolve().parents[2] / "shared/reference/wikipedia_512_histogram.txt"
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,14 @@ class Row:
 ROWS = [Row(c) for c in CONFIGURATIONS]
 
 
-def sequences_per_pack(path: Path = HISTOGRAM) -> float:
+def sequences_per_pack(path: Path | None = None) -> float:
     """Mean sequences per pack of SPFHP (at most 3 per pack) on a length histogram."""
+    path = path or HISTOGRAM
+    if not path.is_file():
+        raise SystemExit(
+            f"no length histogram at {path}: give Graphcore's Wikipedia histogram (512 counts, "
+            "one per line) with --histogram FILE"
+        )
     hist = np.loadtxt(path, dtype=np.int64)
     groups = pack_histogram(hist, len(hist), max_sequences_per_pack=3, algorithm="spfhp")
     packs = sum(g.count for g in groups)
@@ -206,12 +215,15 @@ def cost() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global HISTOGRAM  # --histogram: the file sequences_per_pack reads
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="fit the parameters on these rows")
     parser.add_argument("--only", choices=("bert", "resnet"), help="one model's rows")
     parser.add_argument("--cost", action="store_true", help="the estimate's share of compiles")
     parser.add_argument("--quick", action="store_true", help="the ResNet-50 rows only")
+    parser.add_argument("--histogram", type=Path, help=f"BERT's length histogram ({HISTOGRAM})")
     args = parser.parse_args(argv)
+    HISTOGRAM = args.histogram or HISTOGRAM
     if args.quick:
         args.only = "resnet"
     if args.cost:
