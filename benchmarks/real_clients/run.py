@@ -38,8 +38,10 @@ LIGHTNING_PINS = [
     "torchmetrics>=0.8.0,<1.3.0",
     "scikit-learn>0.22.1,<1.4.0",
     "numpy<2",
-    "setuptools<70",
 ]
+SETUPTOOLS = (
+    "setuptools<70"  # alone, without deps: pip would otherwise pick a torch that allows it
+)
 # optimum 1.6.1 pins numpy<1.24: datasets and pyarrow of its time (newer pyarrow needs NumPy 2).
 OPTIMUM_PINS = ["datasets==2.12.0", "pyarrow<15"]
 # torch 2.14 deprecates pytree's LeafSpec(), which lightning 2.0.9 calls; the suite turns every
@@ -96,6 +98,8 @@ def lightning(checkout: Path, work: Path) -> bool:
     """lightning-graphcore's own suite; True if the install and the run completed."""
     python = make_env(work, "lightning", (checkout / "src",))  # its setup.py needs pkg_resources
     if not pip_install(python, work, "lightning", LIGHTNING_PINS):
+        return False
+    if not pip_install(python, work, "setuptools", ["--no-deps", SETUPTOOLS]):
         return False
     log = work / "lightning-tests.log"
     cmd = [str(python), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "--color=no"]
