@@ -120,7 +120,7 @@ def _stamping(stamper: _Stamper) -> Iterator[None]:
         return node
 
     fx.Graph.create_node = create_node  # type: ignore[method-assign]
-    previous_hook = loss_ops._loss_hook
+    previous_hook = loss_ops.loss_hook()
     loss_ops.set_loss_hook(stamper.mark_loss)
     try:
         with _LossFunctions(stamper):

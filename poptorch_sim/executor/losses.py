@@ -8,6 +8,7 @@ runs; ancestry is read from the autograd graph.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ class LossRecorder(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.losses: list[torch.Tensor] = []
+        self._previous: Callable[[torch.Tensor], None] | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         result = func(*args, **(kwargs or {}))
@@ -34,13 +36,14 @@ class LossRecorder(TorchFunctionMode):
         return result
 
     def __enter__(self) -> LossRecorder:
+        self._previous = loss_ops.loss_hook()
         loss_ops.set_loss_hook(self._on_identity_loss)
         super().__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
-        loss_ops.set_loss_hook(None)
+        loss_ops.set_loss_hook(self._previous)
 
     def _on_identity_loss(self, result: torch.Tensor) -> None:
         self.losses.append(result)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
@@ -52,8 +53,9 @@ def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
         result = x.mean()
     else:
         result = x.view_as(x)
-    if _loss_hook is not None:
-        _loss_hook(result)
+    hook = loss_hook()
+    if hook is not None:
+        hook(result)
     return result
 
 
@@ -119,10 +121,17 @@ def is_loss_callable(fn: object) -> bool:
     )
 
 
-_loss_hook: Callable[[torch.Tensor], None] | None = None
+# Per thread: models compile, and replicas run their micro-batches, on threads of their own, and
+# each records its own losses (as torch's function modes, which LossRecorder is, are per thread).
+_hooks = threading.local()
+
+
+def loss_hook() -> Callable[[torch.Tensor], None] | None:
+    """The callback ``identity_loss`` reports its result to on this thread, if any."""
+    return getattr(_hooks, "hook", None)
 
 
 def set_loss_hook(hook: Callable[[torch.Tensor], None] | None) -> None:
-    """Install (or clear) the callback ``identity_loss`` reports its result to while recording."""
-    global _loss_hook
-    _loss_hook = hook
+    """Install (or clear) the callback ``identity_loss`` reports its result to while recording
+    on this thread."""
+    _hooks.hook = hook
