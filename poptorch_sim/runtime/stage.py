@@ -50,6 +50,10 @@ class _Saved:
     args: list[Any] | None = None  # kept for recomputation (see [Note: pipeline recomputation])
     rng: RngState | None = None  # where the forward's draws started (a stage that draws)
     checkpoints: list[torch.Tensor] | None = None  # See [Note: recomputation checkpoints]
+    # the values the forward started from, of the buffers it changed (by position in
+    # ``module.buffers()``), for the recomputation to start from (See [Note: restoring buffers
+    # after recomputation])
+    buffers: dict[int, torch.Tensor] | None = None
 
 
 def _differentiable(value: torch.Tensor) -> bool:
@@ -137,13 +141,15 @@ class StageExecutor:
         probe, index = self.probe, self.spec.index
         if self.recompute:
             marks = Checkpoints() if self._marks else None
+            before = [b.detach().clone() for b in self.spec.module.buffers()]
             with self._drawing(stream, args) as rng, torch.no_grad(), marks or nullcontext():
                 result = _call(self.spec.module, args)
             kept = marks.kept if marks is not None else None
+            changed = _changed_buffers(list(self.spec.module.buffers()), before)
             if probe is not None:
-                probe.keep(index, mb, [*args, *(kept or ())])
+                probe.keep(index, mb, [*args, *(kept or ()), *changed.values()])
             outputs = self._name_outputs(result)
-            self._saved[mb] = _Saved(leaves, outputs, args, rng, kept)
+            self._saved[mb] = _Saved(leaves, outputs, args, rng, kept, changed)
             return outputs
         counting = probe.forward(index, mb) if probe is not None and self.training else None
         in_place = self.in_place if into and not self.training else None
@@ -162,12 +168,12 @@ class StageExecutor:
     def _recomputed(self, mb: int, saved: _Saved) -> dict[str, torch.Tensor]:
         """The outputs of micro-batch ``mb`` computed again, with autograd recording.
 
-        The RNG is replayed from the forward and the buffers (running statistics) restored, so
-        the values and the model's state are those of the forward.
+        The RNG is replayed from the forward and the buffers start from the values the forward
+        started from, so the values are those of the forward; ``backward`` restores the buffers
+        afterwards (See [Note: restoring buffers after recomputation]).
         """
         assert saved.args is not None
-        buffers = list(self.spec.module.buffers())
-        kept = [b.detach().clone() for b in buffers]
+        _set_buffers(list(self.spec.module.buffers()), saved.buffers or {})
         device = next(a.device for a in saved.args if isinstance(a, torch.Tensor))
         probe = self.probe
         counting = probe.recompute(self.spec.index, mb) if probe is not None else None
@@ -181,7 +187,6 @@ class StageExecutor:
         ):
             with torch.enable_grad():
                 result = _call(self.spec.module, saved.args)
-        _restore_buffers(buffers, kept)
         return self._name_outputs(result)
 
     def _drawing(
@@ -217,7 +222,10 @@ class StageExecutor:
             The gradient of each input that came from another stage (``None`` if it got none).
         """
         saved = self._saved.pop(mb)
+        buffers = list(self.spec.module.buffers())
+        current = None
         if saved.args is not None:
+            current = {i: buffers[i].detach().clone() for i in saved.buffers or {}}
             saved.outputs = self._recomputed(mb, saved)
         roots: list[torch.Tensor] = []
         seeds: list[torch.Tensor] = []
@@ -233,6 +241,9 @@ class StageExecutor:
                 seeds.append(grad)
         if roots:
             torch.autograd.backward(roots, seeds)
+        if current is not None:
+            # after backward: its graph may have saved the buffers the recomputation read
+            _set_buffers(buffers, current)
         if self.probe is not None:
             self.probe.release(self.spec.index, mb)
         return {name: leaf.grad for name, leaf in saved.leaves.items()}
@@ -265,15 +276,30 @@ def _has_random_ops(module: nn.Module) -> bool:
     return False
 
 
-def _restore_buffers(buffers: list[torch.Tensor], kept: list[torch.Tensor]) -> None:
-    """Give the buffers that a recomputed forward changed their values back, unseen by autograd.
+def _changed_buffers(
+    buffers: list[torch.Tensor], before: list[torch.Tensor]
+) -> dict[int, torch.Tensor]:
+    """The values ``before`` of the buffers whose values are no longer those, by position
+    (a buffer registered during the forward has no value before and is left alone)."""
+    return {
+        i: value
+        for i, (b, value) in enumerate(zip(buffers, before))
+        if b.shape != value.shape or not torch.equal(b, value)
+    }
+
+
+def _set_buffers(buffers: list[torch.Tensor], values: dict[int, torch.Tensor]) -> None:
+    """Give the buffers at the positions in ``values`` those values, unseen by autograd.
 
     See [Note: restoring buffers after recomputation].
     """
     with torch.no_grad():
-        for b, value in zip(buffers, kept):
-            if not torch.equal(b, value):
+        for i, value in values.items():
+            b = buffers[i]
+            if b.shape == value.shape:
                 b.data.copy_(value)  # ``.data``: a view with a version counter of its own
+            else:
+                b.data = value.clone()
 
 
 # [Note: pipeline recomputation]
@@ -289,12 +315,16 @@ def _restore_buffers(buffers: list[torch.Tensor], kept: list[torch.Tensor]) -> N
 # [Note: a random stream per model] in rng.py); stages without random ops replay nothing.
 
 # [Note: restoring buffers after recomputation]
-# The recomputed forward records the graph that backward then differentiates, and that graph
-# saves buffers and views of them: BERT's ``position_ids[:, :seq]`` for the embedding lookup,
-# CLIP's causal-mask slice for attention, a batch norm's running statistics. Backward checks that
-# each saved tensor is still at the version it was saved at. Restoring every buffer with
-# ``b.copy_(value)`` bumped those versions ("modified by an inplace operation ... is at version
-# 2; expected version 1"), so only the buffers whose values the recomputation changed (running
-# statistics, counters) are restored, and through ``b.data``, which writes the same memory without
-# bumping the version. The saved values that change are those the original forward left (the
-# running statistics after one update), which a batch norm's backward in training does not read.
+# A recomputed stage's forward may change its buffers: running statistics, counters, or a queue
+# of past features that the forward reads and then updates (CLIP's ``text_fea_queue``). The
+# recomputation in backward must read what the forward read, so the forward keeps the values
+# its changed buffers started from, the recomputation starts from them (it changes them again
+# as the forward did), and after backward the buffers get back the values they held when
+# backward began (those of the latest forwards). Without that the recomputation read the
+# queue already updated with its own micro-batch's features: the loss that backward
+# differentiated was not the one forward computed, and the gradients were wrong. The
+# recomputed graph saves buffers and views of them (BERT's ``position_ids[:, :seq]``, CLIP's
+# causal-mask slice, the queue itself) and backward checks that each saved tensor is still at
+# the version it was saved at, so the values are written through ``b.data``, which writes the
+# same memory without bumping the version, only for the buffers the forward changed, and the
+# latest values are given back only once backward is done with the graph.
