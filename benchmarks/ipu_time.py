@@ -235,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     cal = fit(rows) if args.fit else CALIBRATION
     if args.fit:
         print(f"fitted in {time.perf_counter() - start:.0f} s: {cal}")
-    print(f"BERT sequences per pack (SPFHP, at most 3, Wikipedia histogram): "
-          f"{sequences_per_pack():.3f}")  # fmt: skip
+    if any(c.row.model == "bert" for c in rows):
+        print(f"BERT sequences per pack (SPFHP, at most 3, Wikipedia histogram): "
+              f"{sequences_per_pack():.3f}")  # fmt: skip
     print(f"{'row':<24}{'published':>12}{'predicted':>12}{'ratio':>8}{'error':>9}{'compile':>10}")
     errs = errors(rows, cal)
     for c, err in zip(rows, errs):
