@@ -206,16 +206,22 @@ def test_trials_of_lending_against_the_measured_split_decide_the_runs_after(
 
 
 def observe_calls(
-    share: CoreShare, times: dict[str, float], calls: int, count: int = 10
+    share: CoreShare,
+    times: dict[str, float],
+    calls: int,
+    count: int = 10,
+    cost_s: dict[int, float] | None = None,
 ) -> list[tuple[str, str | None]]:
     """Feed ``share`` ``calls`` runs of ``count`` micro-batches timed by mode (a probe's by its
-    mode): what each ran, and its probe."""
+    mode), each IPU's compute ``cost_s`` (default 0.1 s on IPUs 0 and 1) on one thread: what
+    each ran, and its probe."""
+    cost_s = cost_s if cost_s is not None else {0: 0.1, 1: 0.1}
     ran = []
     for _ in range(calls):
         mode, probe = share.mode(), share.probe(count)
         ran.append((mode, probe.mode if probe is not None else None))
         probe_s = times[probe.mode] if probe is not None else None
-        share.observe({0: 0.1, 1: 0.1}, {0: 1.0, 1: 1.0}, times[mode], probe_s)
+        share.observe(cost_s, dict.fromkeys(cost_s, 1.0), times[mode], probe_s)
     return ran
 
 

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
+from test_cores import observe_calls
 from test_runtime import CPU, WIDTH, Dense
 from torch import fx, nn
 
@@ -18,6 +19,8 @@ from poptorch_sim.program import StagedProgram, StageSpec
 from poptorch_sim.runtime import PipelineRuntime, trials
 from poptorch_sim.runtime.cores import MODES, TRIAL_RUNS, CoreShare
 from poptorch_sim.runtime.side_by_side import independent_micro_batches
+
+ONE_IPU = {0: 5.0}  # one IPU's compute seconds per run, as the trials see it
 
 
 @fx.wrap
@@ -192,26 +195,12 @@ def test_a_failure_in_a_thread_of_several_ipus_returns_at_once_and_leaves_it_usa
             torch.testing.assert_close([o["y"] for o in rt.run(batches)], eager(prog, batches))
 
 
-def observe_calls(
-    share: CoreShare, times: dict[str, float], calls: int, count: int = 10
-) -> list[tuple[str, str | None]]:
-    """Feed ``share`` ``calls`` runs of ``count`` micro-batches timed by mode (a probe's by its
-    mode): what each ran, and its probe."""
-    ran = []
-    for _ in range(calls):
-        mode, probe = share.mode(), share.probe(count)
-        ran.append((mode, probe.mode if probe is not None else None))
-        probe_s = times[probe.mode] if probe is not None else None
-        share.observe({0: 5.0}, {0: 1.0}, times[mode], probe_s)
-    return ran
-
-
 def test_a_serial_programs_trials_compare_one_thread_with_side_by_side() -> None:
     """Whole calls on one thread, side by side timed on their first micro-batches."""
     share = CoreShare([0, 1], cores=2, serial=True, side_by_side=True)
     assert share.describe() == "one thread on 2 cores"  # nothing measured yet
     times = {"one thread": 0.30, "side by side": 0.20}
-    seen = observe_calls(share, times, 1 + TRIAL_RUNS + 2)
+    seen = observe_calls(share, times, 1 + TRIAL_RUNS + 2, cost_s=ONE_IPU)
     assert seen == [
         ("one thread", None),
         *[("one thread", "side by side")] * TRIAL_RUNS,
@@ -222,19 +211,21 @@ def test_a_serial_programs_trials_compare_one_thread_with_side_by_side() -> None
     )
     assert share.cost == {}  # neither mode's thread is one IPU's
     kept = CoreShare([0, 1], cores=2, serial=True, side_by_side=True)
-    observe_calls(kept, {"one thread": 0.20, "side by side": 0.30}, 1 + TRIAL_RUNS)
+    observe_calls(kept, {"one thread": 0.20, "side by side": 0.30}, 1 + TRIAL_RUNS, cost_s=ONE_IPU)
     assert kept.describe() == "one thread on 2 cores (side by side measured slower)"
 
 
 def test_side_by_side_must_beat_the_split_by_the_margin() -> None:
     share = CoreShare([0, 1], cores=2, one_thread=True, side_by_side=True)
     times = {"split": 0.30, "lent": 0.31, "one thread": 0.32, "side by side": 0.29}
-    seen = observe_calls(share, times, 1 + 2 * TRIAL_RUNS)
+    seen = observe_calls(share, times, 1 + 2 * TRIAL_RUNS, cost_s=ONE_IPU)
     assert {probe for _, probe in seen} == {None, "one thread", "side by side"}
     assert share.choice == "split"
     assert share.describe().endswith("lending, one thread and side by side measured slower)")
     faster = CoreShare([0, 1], cores=2, one_thread=True, side_by_side=True)
-    observe_calls(faster, dict(times, **{"side by side": 0.28}), 1 + 2 * TRIAL_RUNS)
+    observe_calls(
+        faster, dict(times, **{"side by side": 0.28}), 1 + 2 * TRIAL_RUNS, cost_s=ONE_IPU
+    )
     assert faster.choice == "side by side"
 
 
