@@ -32,7 +32,7 @@ from typing import Any
 
 from ..runtime.checkpoints import has_checkpoints
 
-__all__ = ["MemorySettings", "memory_settings", "recomputes"]
+__all__ = ["MemorySettings", "chosen_recomputation", "memory_settings", "recomputes"]
 
 _PIPELINE, _RECOMPUTE_ALL = 3, 4
 
@@ -59,10 +59,19 @@ def recomputes(options: Any, mode: str, training: bool, stages: Sequence[Any] = 
     ``stages`` (``StageSpec``) mark values with ``recomputationCheckpoint`` (see the module
     docstring).
     """
+    chosen = chosen_recomputation(options, mode, training)
+    if chosen is not None:
+        return chosen
+    pipelined = training and mode == "pipelined" and len({s.ipu for s in stages}) > 1
+    return pipelined and any(has_checkpoints(s.module, unknown=False) for s in stages)
+
+
+def chosen_recomputation(options: Any, mode: str, training: bool) -> bool | None:
+    """Whether ``autoRecomputation``, where the user set it, makes stages recompute; None where
+    it is not set (each reader has its own default)."""
     value = options._Popart.options.get("autoRecomputation")
     if value is None:
-        pipelined = training and mode == "pipelined" and len({s.ipu for s in stages}) > 1
-        return pipelined and any(has_checkpoints(s.module, unknown=False) for s in stages)
+        return None
     try:
         value = int(value)
     except (TypeError, ValueError):

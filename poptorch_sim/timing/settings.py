@@ -28,12 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import env
-from ..memory.settings import memory_settings
+from ..memory.settings import chosen_recomputation, memory_settings
 from .hardware import IpuHardware, ipu_hardware
 
 __all__ = ["TimeSettings", "ipu_version_of", "time_settings"]
-
-_PIPELINE, _RECOMPUTE_ALL = 3, 4
 
 
 @dataclass(frozen=True)
@@ -67,14 +65,12 @@ def ipu_version_of(options: Any) -> int:
 
 
 def _recomputes(options: Any, mode: str, training: bool, num_ipus: int) -> bool:
-    value = options._Popart.options.get("autoRecomputation")
-    if value is None:
-        return training and mode == "pipelined" and num_ipus > 1
-    try:
-        value = int(value)
-    except (TypeError, ValueError):
-        return False
-    return training and (value == _RECOMPUTE_ALL or (value == _PIPELINE and mode == "pipelined"))
+    """The user's ``autoRecomputation``, else PopTorch's default: pipelined training over
+    several IPUs recomputes."""
+    chosen = chosen_recomputation(options, mode, training)
+    if chosen is not None:
+        return chosen
+    return training and mode == "pipelined" and num_ipus > 1
 
 
 def time_settings(options: Any, training: bool, mode: str, num_ipus: int) -> TimeSettings:
