@@ -46,7 +46,7 @@ import torch
 
 from ..enums import SharingStrategy
 from ..errors import createPoptorchError
-from ..executor.custom_args import _parsers
+from ..executor.custom_args import registered_parsers
 from ..logger import logger
 from ..runtime.threads import POLL_S
 from .epoch_source import EpochSource
@@ -246,7 +246,7 @@ class WorkerProcess:
 def _picklable_parsers() -> dict[type, Any]:
     """The registered custom batch parsers that can be sent to a worker that is not forked."""
     parsers = {}
-    for cls, parser in _parsers.items():
+    for cls, parser in registered_parsers().items():
         try:
             pickle.dumps((cls, parser))
         except Exception:  # the worker cannot rebuild such batches; the rest still work

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["ICustomArgParser", "registerCustomArgParser", "parser_for"]
+__all__ = ["ICustomArgParser", "registerCustomArgParser", "parser_for", "registered_parsers"]
 
 
 class ICustomArgParser(abc.ABC):
@@ -63,3 +63,9 @@ def _register_pytree(cls: type) -> None:
 def parser_for(value: Any) -> ICustomArgParser | None:
     """The parser registered for ``value``'s type, if any."""
     return _parsers.get(type(value)) if _parsers else None
+
+
+def registered_parsers() -> dict[type, ICustomArgParser]:
+    """Every registered parser by the type it parses (a copy), e.g. to hand to a loader's
+    worker process."""
+    return dict(_parsers)
