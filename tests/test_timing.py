@@ -398,3 +398,79 @@ def test_a_stage_whose_ops_could_not_be_counted_is_named_not_a_silent_zero(
         report = estimate(analysis, settings, model._executable.trainer)
     assert any("stage(s) [1] could not be counted (failed: Boom)" in n for n in report.notes)
     assert "could not be counted" in caplog.text
+
+
+# -- the published rows (benchmarks/published): their structure, by arithmetic -------------------
+def _published() -> object:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import published
+
+    return published
+
+
+def _log(*events: tuple[int, str, dict[str, object]]) -> list[str]:
+    import json
+
+    return [":::MLLOG " + json.dumps({"time_ms": t, "key": key, "metadata": meta, "value": None})
+            for t, key, meta in events]  # fmt: skip
+
+
+def test_mlperf_log_rates_are_each_blocks_samples_over_its_time(tmp_path: object) -> None:
+    from pathlib import Path
+
+    _published()
+    from published.mlperf_logs import IMAGENET_TRAIN_IMAGES, block_rates, events, throughput
+
+    epochs = _log((0, "epoch_start", {}), (10_000, "epoch_stop", {}),
+                  (10_000, "epoch_start", {}), (30_000, "epoch_stop", {}))  # fmt: skip
+    rates = block_rates(events(epochs), bert=False)
+    assert rates == [IMAGENET_TRAIN_IMAGES / 10, IMAGENET_TRAIN_IMAGES / 20]
+    folder = Path(str(tmp_path)) / "bert"
+    folder.mkdir()
+    for run, seconds in enumerate((100, 50, 40)):  # first blocks of 10, 20 and 25 per second
+        blocks = _log((0, "block_start", {}), (seconds * 1000, "block_stop", {}),
+                      (seconds * 1000 + 5, "eval_accuracy", {"epoch_num": 1000}),
+                      (seconds * 1000 + 9, "block_start", {}),
+                      (seconds * 1000 + 9 + 20_000, "block_stop", {}),
+                      (seconds * 1000 + 9 + 20_001, "eval_accuracy", {"epoch_num": 1500}))  # fmt: skip
+        (folder / f"result_{run}.txt").write_text("\n".join(["noise", *blocks]))
+    # each run: the median of (its first block, 500 over 20 s = 25/s); then the runs' median
+    figure, runs = throughput(folder)
+    assert runs == [17.5, 22.5, 25.0] and figure == 22.5
+
+
+def test_an_attention_ffn_placement_groups_the_sub_layers_in_order() -> None:
+    published = _published()
+    # MLPerf v1.1 IPU-POD16: IPUs 1-3 run 7+6, 6+7, 7+6 sub-layers, IPU 0 the last 4+5.
+    groups = published.attention_ffn([(1, (7, 6)), (2, (6, 7)), (3, (7, 6)), (0, (4, 5))])
+    assert groups == [(1, 13), (2, 13), (3, 13), (0, 9)]
+    assert published.whole_layers((3, 7, 7, 7)) == [(0, 6), (1, 14), (2, 14), (3, 14)]
+    with pytest.raises(ValueError, match="does not cut the sub-layers in order"):
+        published.attention_ffn([(1, (3, 1)), (0, (21, 23))])  # attention 2 before its FFN 1
+    for config in published.VALIDATION:  # each row says where it comes from
+        assert "Graphcore/results/" in config.results and config.configuration, config.name
+
+
+def test_a_bert_cut_between_attention_and_feed_forward_pipelines_each_group() -> None:
+    pytest.importorskip("transformers")
+    from poptorch_sim.offline import compile_offline
+
+    published = _published()
+    # embedding on IPU 0; IPU 1: attention 0, FFN 0; IPU 2: attention 1, FFN 1, attention 2;
+    # IPU 0: FFN 2, attention 3, FFN 3 and the heads: 4 stages on 3 IPUs
+    encoder = published.attention_ffn([(1, (1, 1)), (2, (2, 1)), (0, (1, 2))])
+
+    def build() -> nn.Module:
+        return published.bert_large_model(4, 64, encoder=encoder)
+
+    ga = 8
+    opts = published.bert_options(replicas=1, gradient_accumulation=ga, off_chip=False)
+    model = compile_offline(build, opts, optimizer=published.lamb,
+                            **published.bert_inputs(2 * ga, sequence=128))  # fmt: skip
+    analysis = model._executable.analysis
+    assert [ipu for _, ipu, _ in analysis.stages] == [0, 1, 2, 0]
+    assert poptorch.time_report(model).pipeline_cycles == ga + 2 * (4 - 1)
+    model.destroy()

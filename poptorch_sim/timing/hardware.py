@@ -7,7 +7,9 @@ Versions are numbered as PopTorch numbers them (``useOfflineIpuTarget(ipu_versio
 quantity               Mk2         Bow         source
 =====================  ==========  ==========  ==================================================
 tiles                  1472        1472        PopTorch ``popart_compiler/source/Utils.cpp``
-clock                  1.325 GHz   1.850 GHz   derived: datasheet peak / (1472 × 128 flop/cycle)
+clock                  1.325 GHz   1.850 GHz   derived: datasheet peak / (1472 × 128 flop/cycle);
+                                               Graphcore's MLPerf Training system files give
+                                               1.33 and 1.85 GHz (accelerator_frequency)
 FP16 flop/cycle/tile   128         128         64 FP16 MAC (AMP): IPU-POD64 / Bow Pod256 sheets
 FP32 flop/cycle/tile   32          32          16 FP32 MAC: the same datasheets
 on-tile memory         24 B/cycle  24 B/cycle  47.5 TB/s per Mk2 IPU (product page); Bow: not
