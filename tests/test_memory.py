@@ -684,6 +684,66 @@ def test_plan_needs_enough_candidates() -> None:
         poptorch.memory.plan(Mlp(2), mlp_batch(2), case_options(8), 4)
 
 
+class _MarkedLayers(nn.Module):
+    """Six equal layers (a Linear then a Tanh, each saving 4 x 32 floats: 512 bytes), each
+    output marked with ``recomputationCheckpoint``; a loss that reads no label."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.Tanh()) for _ in range(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = poptorch.recomputationCheckpoint(layer(x))
+        return poptorch.identity_loss(x.pow(2), reduction="mean")
+
+
+def test_plan_holds_one_segment_between_marks_when_recomputing() -> None:
+    # See [Note: recomputing one segment at a time]: a recomputing stage keeps its input and its
+    # marked values per micro-batch in flight, and in backward holds again one segment (one
+    # layer: 1,024 bytes), not the whole stage (three layers and the loss: 3,584 bytes).
+    from poptorch_sim.offline import compile_offline
+
+    with torch.device("meta"):
+        net = _MarkedLayers()
+    x = torch.empty(4, 32, device="meta")
+    opts = case_options(8, recompute=True)
+    suggestion = poptorch.memory.plan(net, (x,), opts, 2, optimizer="sgd")
+    assert suggestion.blocks == ["layers.0", "layers.3"]  # equal FLOPs: three layers each
+    first, second = suggestion.report.ipus
+    value, segment = 512, 1024  # one activation; a Linear's input and the Tanh's output
+    assert second.in_flight == {1: 1}
+    assert second.activations_per_micro_batch == {1: value + 3 * value}  # input and 3 marks
+    assert second.activations == 1 * (value + 3 * value) + segment
+    # The planner leaves out the model's own inputs (the first stage's micro-batch).
+    assert first.activations == first.in_flight[0] * 3 * value + segment
+    batch = torch.empty(8 * 4, 32, device="meta")
+    model = compile_offline(suggestion.apply(net), opts, batch, optimizer=(
+        lambda params: poptorch.optim.SGD(params, lr=0.1)))  # fmt: skip
+    compiled = memory_report(model).ipus
+    assert compiled[1].activations == second.activations  # the estimate's own count
+    assert compiled[0].activations == first.activations + compiled[0].in_flight[0] * value
+    model.destroy()
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["saved", "recompute"])
+@pytest.mark.parametrize("stages, ga", [(2, 8), (3, 5), (4, 16)])
+def test_the_planner_reads_each_ipus_peak_from_a_prefix_of_the_schedule(
+    stages: int, ga: int, recompute: bool
+) -> None:
+    from poptorch_sim.memory.placement import _events
+
+    full = make_schedule("1f1b", stages, ga, training=True)
+    acts = [StageActivations(k, k, 1000 + 7 * k, 100 + k, "t", 30 * k, 300 + k)
+            for k in range(stages)]  # fmt: skip
+    peaks, flight = activation_peaks(full, acts, recompute)
+    for k in range(stages):
+        assert activation_peaks(_events(stages, ga, k), [acts[k]], recompute) == (
+            {i: peaks[k] if i == k else 0 for i in range(stages)},
+            {k: flight[k]},
+        )
+
+
 @pytest.mark.parametrize("fake", [True, False], ids=["fake", "real"])
 def test_fake_and_real_runs_count_the_same_bytes(fake: bool) -> None:
     from poptorch_sim.memory import activations

@@ -9,6 +9,8 @@
     build.py        the compile hook: report, profile folder, limit check
     limits.py       PopTorch's out-of-memory behaviour
     probe.py        measuring a real run (``measure``)
+    candidates.py   profiling the modules where a block may start (weights, bytes, cost)
+    placement.py    cutting them into stages, one per IPU, the cheapest split that fits
     planner.py      suggesting BeginBlock positions under the limit (``plan``)
 
 The limit is ``POPTORCH_SIM_IPU_MEMORY`` (default a Mk2 IPU: 1472 tiles × 624 KiB); a model
@@ -38,7 +40,8 @@ import torch
 from ..errors import Error
 from .build import write_profile
 from .estimate import ALLOWANCE_FRACTION
-from .planner import Plan, plan
+from .placement import Plan
+from .planner import plan
 from .probe import SavedProbe
 from .report import CATEGORIES, IpuMemory, MemoryReport, format_bytes
 from .saved import storage_key

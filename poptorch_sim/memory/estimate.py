@@ -46,7 +46,9 @@ FP16, as MLPerf ran it on [3, 7, 7, 7] (``benchmarks/published``): one layer sav
 transformers' defaults, attention dropout 0.1 and SDPA), so counting seven put the IPUs at
 94-98% of their memory (about 160-175% with the defaults) where they hold 51-63% (60-72%).
 Without marks the stage is one segment. The count is the same at compile (``SavedBytes.segments`` on the recomputation of the
-stage's forward, ``activations.py``) and in a measured run (``probe.py``).
+stage's forward, ``activations.py``), in a measured run (``probe.py``) and in the placement
+planner, whose candidate stages go through ``activation_peaks`` too (``placement.py``; a mark
+between two candidate modules ends the segment of the one before it).
 Simulated: the simulator recomputes every segment before differentiating any (one
 ``autograd.backward`` per stage and micro-batch), so for a short moment it holds them all; the
 estimate and the probe count what an IPU holds.

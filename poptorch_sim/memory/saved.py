@@ -74,7 +74,7 @@ class SavedBytes:
         self.exclude = frozenset(exclude)
         self._ranges: dict[int, list[tuple[int, int]]] = {}
         self._segment: dict[int, list[tuple[int, int]]] = {}  # since the last cut
-        self._largest = 0  # of the segments before the last cut
+        self._closed: list[int] = []  # bytes of each segment before the last cut
 
     def add(self, t: torch.Tensor) -> None:
         """Count ``t`` (a tensor autograd saved, or a value a stage keeps)."""
@@ -91,12 +91,19 @@ class SavedBytes:
 
     def cut(self) -> None:
         """End a segment: what is added next counts towards the next one (see ``segments``)."""
-        self._largest = self.largest_segment()
+        self._closed.append(self._open())
         self._segment = {}
+
+    def _open(self) -> int:
+        return sum(_union(r) for r in self._segment.values())
+
+    def segment_bytes(self) -> list[int]:
+        """Bytes of each segment between cuts, in order (one, ``total()``, when never cut)."""
+        return [*self._closed, self._open()]
 
     def largest_segment(self) -> int:
         """Bytes of the largest segment between cuts (``total()`` when never cut)."""
-        return max(self._largest, sum(_union(r) for r in self._segment.values()))
+        return max(self.segment_bytes())
 
     @contextmanager
     def segments(self) -> Iterator[SavedBytes]:

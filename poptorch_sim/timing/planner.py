@@ -1,8 +1,9 @@
 """Suggests ``BeginBlock`` positions by predicted IPU time: the fastest pipeline that fits.
 
-The memory planner (``memory/planner.py``) profiles the candidate modules (weights, bytes saved
-for backward) and cuts them into contiguous stages, minimising the slowest stage's cost among
-the cuts that fit. Here each candidate's cost is its predicted IPU seconds per micro-batch
+The memory planner's two halves do the work: ``memory/candidates.py`` profiles the candidate
+modules (weights, bytes saved for backward) and ``memory/placement.py`` cuts them into
+contiguous stages, minimising the slowest stage's cost among the cuts that fit. Here each
+candidate's cost is its predicted IPU seconds per micro-batch
 (``timing/estimate.py``: its ops counted in one forward, at the IPU version of the options;
 forward, backward and, when the pipeline recomputes, a second forward), so minimising the
 slowest stage minimises the predicted step, ``(GA + 2(N - 1)) × the slowest stage``. The
@@ -12,7 +13,6 @@ plan states the predicted speedup over it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from ..analysis.ops import OpCounter, OpTotals
-from ..memory import planner as memory_planner
-from ..memory.planner import Plan
+from ..memory.activations import restoring
+from ..memory.candidates import planner_request, profile_candidates
+from ..memory.placement import Plan, place
 from ..ops.blocks import block_hooks, removeBlocks
 from .estimate import pass_cost, pipeline_cycles
 from .settings import time_settings
@@ -119,7 +120,7 @@ def _seconds(model: nn.Module, args: tuple, kwargs: dict, names: Sequence[str],
             if meta:
                 model(*args, **kwargs)
             else:
-                memory_planner.restoring([model], lambda: model(*args, **kwargs))
+                restoring([model], lambda: model(*args, **kwargs))
     finally:
         for h in handles:
             h.remove()
@@ -168,38 +169,16 @@ def plan_time(
 
     >>> # suggestion = plan_time(net, (x, y), opts, 4); print(suggestion); suggestion.apply(net)
     """
-    names = list(candidates) if candidates is not None else memory_planner._candidates(model)
-    if len(names) < num_ipus:
-        raise ValueError(
-            f"plan_time() needs at least as many candidate modules as IPUs: {len(names)} "
-            f"candidates ({names}) for num_ipus={num_ipus}; pass candidates=[...]"
-        )
-    args, kwargs = (tuple(), dict(inputs)) if isinstance(inputs, dict) else (tuple(inputs), {})
+    names, args, kwargs = planner_request("plan_time", model, inputs, num_ipus, candidates)
     settings = time_settings(options, True, "pipelined", num_ipus)
     seconds = _seconds(model, args, kwargs, names, settings)
-    units, head, tail = memory_planner._profile(model, args, kwargs, names)
-    units = [dataclasses.replace(u, cost=seconds[u.name]) for u in units]
-    head = dataclasses.replace(head, cost=seconds["(before)"])
-    tail = dataclasses.replace(tail, cost=seconds["(after)"])
-    memory = memory_planner.memory_settings(options, training=True)
-    limit = memory_planner.env.ipu_memory()
-    cuts = memory_planner._partition(units, head, tail, num_ipus, memory, optimizer, limit)
-    stages = memory_planner._stages(units, head, tail, cuts)
+    profiled = profile_candidates(model, args, kwargs, names).with_costs(seconds)
+    plan = place(profiled, num_ipus, options, optimizer, "IPU seconds")
     cycles = pipeline_cycles("pipelined", num_ipus, settings.gradient_accumulation, True)
-    report = memory_planner.MemoryReport(
-        memory_planner._memory(stages, memory, optimizer, limit), "1f1b",
-        memory.gradient_accumulation,
-        {"replicas": memory.replicas, "optimizer": optimizer, "offload": memory.off_chip,
-         "RTS": memory.rts, "recomputation": memory.recompute},
-        [f"allowance = {memory_planner.ALLOWANCE_FRACTION:.0%} of the limit (code, exchange "
-         "buffers)", "planner estimate: float32 gradient accumulators and optimizer state"],
-    )  # fmt: skip
-    plan = Plan([names[c] for c in cuts], [s.cost for s in stages], "IPU seconds", report)
-    step = cycles * max(s.cost for s in stages)
+    step = cycles * max(plan.stage_costs)
     user = _user_cuts(model, names, num_ipus)
     user_step = None
     if user is not None:
-        user_stages = memory_planner._stages(units, head, tail, user)
-        user_step = cycles * max(s.cost for s in user_stages)
+        user_step = cycles * max(s.cost for s in profiled.stages(user))
     user_names = None if user is None else [names[c] for c in user]
     return TimePlan(plan, step, user_names, user_step)
