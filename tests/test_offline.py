@@ -195,7 +195,7 @@ def test_bert_like_model_on_meta_pipelined() -> None:
     real.destroy()
 
 
-@pytest.mark.slow  # about 3 minutes: BERT-Large and ResNet-50 at full size, six times each
+@pytest.mark.slow  # about 90 s: BERT-Large and ResNet-50 at full size, six times each
 def test_the_published_configurations_fit() -> None:
     # They ran on hardware (MLPerf Training v1.0, v1.1, v2.0), so none may be out of memory.
     pytest.importorskip("transformers")
