@@ -296,7 +296,7 @@ def bert_large(
         )
     )
     name = f"BERT-Large mb {micro_batch} GA {gradient_accumulation} x{replicas} {shape}"
-    if encoder is not None or off_chip is not True or ipu_version != 2:
+    if encoder is not None or not off_chip or ipu_version != 2:
         name += f" v{ipu_version} {'off' if off_chip else 'on'} chip"
 
     def build() -> nn.Module:

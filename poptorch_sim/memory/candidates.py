@@ -30,7 +30,14 @@ from ..runtime.checkpoints import is_checkpoint
 from .activations import restoring
 from .saved import SavedBytes, storage_key, tensor_bytes
 
-__all__ = ["Candidates", "Unit", "candidate_names", "planner_request", "profile_candidates"]
+__all__ = [
+    "Candidates",
+    "Unit",
+    "candidate_names",
+    "join",
+    "planner_request",
+    "profile_candidates",
+]
 
 
 @dataclass(frozen=True)
