@@ -17,10 +17,11 @@ from poptorch_sim.data import ring
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The owner: a loader whose worker is stuck inside the dataset (sleeping in __getitem__).
+# The owner: a loader whose worker is stuck inside the dataset (sleeping in __getitem__), in
+# Python or in C with the interpreter lock held (a ctypes.PyDLL call keeps it).
 OWNER = textwrap.dedent(
     """
-    import sys, time
+    import ctypes, sys, time
     import torch
     import poptorch
 
@@ -30,7 +31,9 @@ OWNER = textwrap.dedent(
             return 8
 
         def __getitem__(self, i):
-            if i > 0:
+            if i > 0 and sys.argv[2] == "holding-the-lock":
+                ctypes.PyDLL(None).sleep(3600)
+            elif i > 0:
                 time.sleep(3600)
             return torch.tensor([i])
 
@@ -56,14 +59,15 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("stuck", ["in-python", "holding-the-lock"])
 @pytest.mark.parametrize("strategy", ["ForkServer", "Fork"])
 def test_killing_the_owner_ends_a_stuck_worker_and_leaves_no_ring(
-    strategy: str, tmp_path: Path
+    strategy: str, stuck: str, tmp_path: Path
 ) -> None:
     script = tmp_path / "owner.py"
     script.write_text(OWNER)
     owner = subprocess.Popen(
-        [sys.executable, str(script), strategy],
+        [sys.executable, str(script), strategy, stuck],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,

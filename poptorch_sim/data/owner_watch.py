@@ -9,12 +9,21 @@ Two mechanisms, as one alone misses cases:
   thread): a loader started from another thread would otherwise lose its worker when that
   thread ends.
 - A watchdog thread waits on the owner's pid (a pidfd, else polling) and exits the process
-  when the owner is gone. It is the one that fires under the fork server, whose server lives
-  on while any worker does, and when the death signal could not be set.
+  when the owner is gone: for when the death signal could not be set, or the worker's parent
+  thread is not the owner's main thread. It needs the interpreter lock, so it cannot end a
+  worker stuck in C code that holds it.
+
+Under the fork server, the worker's parent is the server, which exits once every copy of the
+write end of its "alive" pipe is closed: the owner holds one, and multiprocessing hands one to
+each process the server forks (for their own children's use). A worker that kept it would keep
+the server, and so its own death signal, alive after the owner died; ``release_fork_server``
+closes the worker's copy, so that the owner's death ends the server and the server's ends the
+worker, even one blocked in C with the interpreter lock held.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -24,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["watch_owner"]
+__all__ = ["release_fork_server", "watch_owner"]
 
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.5
@@ -44,6 +53,22 @@ def watch_owner(owner: int, on_death: Callable[[], None], death_signal: bool) ->
         target=_watch, args=(owner, on_death), name="poptorch_sim-owner-watch", daemon=True
     )
     thread.start()
+
+
+def release_fork_server(start_method: str) -> None:
+    """Close this process's copy of the fork server's "alive" pipe, unless this process's own
+    children are started by the fork server (``start_method``), which needs it."""
+    if start_method == "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is None:
+        return
+    server._forkserver_alive_fd = None
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _set_parent_death_signal(sig: signal.Signals) -> bool:

@@ -21,7 +21,7 @@ from ..logger import logger
 from ..runtime.threads import POLL_S
 from .batch import check_batch
 from .epoch_source import EpochSource
-from .owner_watch import watch_owner
+from .owner_watch import release_fork_server, watch_owner
 from .prefetch import Item, Prefetcher, StartupResult
 from .ring import SlotWriter, open_flags, unlink_ring
 from .sharing import load_from_file
@@ -51,6 +51,7 @@ def worker_main(spec: WorkerSpec, data: Connection, commands: Connection) -> Non
     torch.set_num_threads(1)
     for fd in spec.close_in_child:
         os.close(fd)
+    release_fork_server(spec.start_method)
     watch_owner(spec.owner, lambda: _owner_gone(spec.ring), spec.death_signal)
     logger.debug("AsynchronousDataAccessor worker process: %d", os.getpid())
     torch.set_rng_state(spec.rng_state[0])
