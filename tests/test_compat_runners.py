@@ -202,8 +202,11 @@ def test_the_plugin_restores_the_sampler_signature_and_passes_log_checks() -> No
          "log\ndoes not contain 'Gradient___fc2.bias Sum/1'"),
         ("io_performance_test::test_compare_io_performance[io_dtype10-io_dtype20]",
          "assert 0 == 62"),
+        ("tensor_ops_test::test_requires_grad_true",
+         "log\ndoes not contain 'Input tensor has requires_grad=True set. This tensor will be "
+         "detached because backward pass via inputs is not supported.'"),
     ],
-    ids=["cycles", "seed", "anchor", "io_performance"],
+    ids=["cycles", "seed", "anchor", "io_performance", "requires_grad"],
 )  # fmt: skip
 def test_a_check_of_what_poptorch_sim_emits_is_behaviour(name: str, text: str) -> None:
     """poptorch_sim predicts a cycle count, keeps a random stream per model and logs each

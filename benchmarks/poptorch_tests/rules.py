@@ -139,9 +139,11 @@ RULES: list[tuple[str, str, str]] = [
     # PopTorch's lines that poptorch_sim emits: a check of one that fails is poptorch_sim's
     # (helpers.LogChecker's messages put the expressions after "contain" / "match").
     ("behaviour", r"(contain|match)[^\n]*(Reading random seed|Reading RNG state|Setting random "
-     r"seed|Setting RNG state|Total number of IPU cycles|\w+ (ALL|EVERYN|FINAL|Sum)/\d)",
+     r"seed|Setting RNG state|Total number of IPU cycles|\w+ (ALL|EVERYN|FINAL|Sum)/\d|"
+     r"Input tensor has requires_grad=True set)",
      "a PopTorch log line poptorch_sim emits (the model's random stream, the predicted cycle "
-     "count, an anchor's lowering line) is missing, or given where PopTorch gives none"),
+     "count, an anchor's lowering line, the detached-input warning) is missing, or given where "
+     "PopTorch gives none"),
     ("log/IR", _LOG, "reads a log line poptorch_sim does not emit"),
 ]  # fmt: skip
 
