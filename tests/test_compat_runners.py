@@ -221,3 +221,13 @@ def test_a_log_line_poptorch_sim_does_not_emit_is_log_ir() -> None:
         "log/IR",
         "reads a log line poptorch_sim does not emit",
     )
+
+
+def test_an_operand_read_from_an_absent_lowering_log_is_log_ir() -> None:
+    """other_ops_test's scatter_add reads the operand's name from PopTorch's 'Graph before
+    lowering' log; with the log checks made to pass it reads "", and its own regular expression
+    built from that name is unbalanced."""
+    text = "re.error: unbalanced parenthesis at position 30"
+    cls, _ = rules.classify("other_ops_test::test_available_memory_scatter_add", text)
+    assert cls == "log/IR"
+    assert rules.classify("other_ops_test::test_gather", text)[0] == "behaviour"
