@@ -30,7 +30,7 @@ replica (``DI·GA·R``); the simulator keeps the one value each optimizer step m
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -101,10 +101,9 @@ def anchors_of(options: Any, device_iterations: int) -> list[Anchor]:
     model_mode = OutputMode(options.output_mode)
     model_period = options.output_return_period if model_mode == OutputMode.EveryN else 1
     return [
-        a if _fits(a, device_iterations) else Anchor(a.short_name, a.long_name, model_mode,
-                                                     model_period)
+        a if _fits(a, device_iterations) else replace(a, mode=model_mode, period=model_period)
         for a in _declared(options)
-    ]  # fmt: skip
+    ]
 
 
 def log_anchors(options: Any, device_iterations: int) -> None:
@@ -112,12 +111,12 @@ def log_anchors(options: Any, device_iterations: int) -> None:
     warning for each whose EveryN period does not fit ``device_iterations``."""
     model_mode = OutputMode(options.output_mode)
     for anchor in _declared(options):
-        logger.debug("  anchor ( %s %s/%d )", anchor.long_name, _LOG_NAMES[anchor.mode],
-                     anchor.period)  # fmt: skip
+        name, mode = anchor.long_name, _LOG_NAMES[anchor.mode]
+        logger.debug("  anchor ( %s %s/%d )", name, mode, anchor.period)
         if not _fits(anchor, device_iterations):
             logger.warning(
-                "Anchor '%s': output_return_period=%d is not a factor of deviceIterations=%d "
-                "(at most it), so it is returned as the model's outputs are "
+                "Anchor '%s': output_return_period=%d is not a factor of deviceIterations=%d, "
+                "so it is returned as the model's outputs are "
                 "(OutputMode.%s). Give anchorTensor a period that divides the device "
                 "iterations to get every N-th value.",
                 anchor.short_name,
