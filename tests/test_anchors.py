@@ -87,9 +87,28 @@ def test_anchored_tensors_follow_their_output_mode(
     training.destroy()
 
 
-def test_an_anchor_period_must_divide_the_device_iterations() -> None:
+@pytest.mark.parametrize("model_mode", [None, OutputMode.All], ids=["Final", "All"])
+def test_an_anchor_period_that_does_not_fit_takes_the_models_mode(
+    caplog: pytest.LogCaptureFixture, model_mode: OutputMode | None
+) -> None:
+    """PopTorch never refuses an anchor's EveryN period: its lowering hands every anchor to PopART
+    with the model's output mode (debug_tensors_test anchors EveryN(4) with one device
+    iteration). Such an anchor is returned as the model's outputs are, with a warning."""
+    model = Model()
+    reference = copy.deepcopy(model)
     opts = poptorch.Options().deviceIterations(DI)
+    if model_mode is not None:
+        opts.outputMode(model_mode)
     opts.anchorTensor("grad_bias", "Gradient___fc2.bias", OutputMode.EveryN, 3)
-    training = poptorch.trainingModel(Model(), opts)
-    with pytest.raises(poptorch.Error, match="anchor 'grad_bias' has output_return_period=3"):
-        training(torch.randn(DI, 10), torch.randn(DI, 10))
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, labels = torch.randn(DI * 5, 10), torch.randn(DI * 5, 10)
+    with caplog.at_level("DEBUG", logger="poptorch::python"):
+        training(x, labels)
+    grads, _ = _eager(reference, x, labels, 1)
+    expected = grads[-1] if model_mode is None else torch.cat(grads)  # training: Final
+    torch.testing.assert_close(training.getAnchoredTensor("grad_bias"), expected)
+    assert "anchor ( Gradient___fc2.bias EVERYN/3 )" in caplog.text  # PopTorch's lowering line
+    assert "Anchor 'grad_bias': output_return_period=3 is not a factor of deviceIterations=4" in (
+        caplog.text
+    )
+    training.destroy()

@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO / "benchmarks" / "model_garden"))
 import classify as garden_classify  # noqa: E402
 import process as garden_process  # noqa: E402
 
-from benchmarks.poptorch_tests import second_pass  # noqa: E402
+from benchmarks.poptorch_tests import rules, second_pass  # noqa: E402
 
 PROJECT = "/src/poptorch_sim_checkout"
 APP = "/src/examples/multimodal/CLIP/pytorch"
@@ -189,3 +189,45 @@ def test_the_plugin_restores_the_sampler_signature_and_passes_log_checks() -> No
         [sys.executable, "-c", _PLUGIN_CHECK], cwd=REPO, capture_output=True, text=True
     )
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("options_test::test_log_cycle_count", "log\ndoes not contain 'Total number of IPU cycles: '"),
+        ("weights_writing_test::test_seed_precompilation",
+         "DEBUG Reading random seed\n The line above matches all of the expressions "
+         "('Reading random seed',)"),
+        ("debug_tensors_test::test_tensor_modes[mode3-1-Sum/1]",
+         "log\ndoes not contain 'Gradient___fc2.bias Sum/1'"),
+        ("io_performance_test::test_compare_io_performance[io_dtype10-io_dtype20]",
+         "assert 0 == 62"),
+        ("tensor_ops_test::test_requires_grad_true",
+         "log\ndoes not contain 'Input tensor has requires_grad=True set. This tensor will be "
+         "detached because backward pass via inputs is not supported.'"),
+    ],
+    ids=["cycles", "seed", "anchor", "io_performance", "requires_grad"],
+)  # fmt: skip
+def test_a_check_of_what_poptorch_sim_emits_is_behaviour(name: str, text: str) -> None:
+    """poptorch_sim predicts a cycle count, keeps a random stream per model and logs each
+    anchor's lowering line: a test of those that fails is poptorch_sim's, not the hardware's
+    or PopART's log."""
+    assert rules.classify(name, text)[0] == "behaviour"
+
+
+def test_a_log_line_poptorch_sim_does_not_emit_is_log_ir() -> None:
+    text = "log\ndoes not contain 'Compiling the graph'"
+    assert rules.classify("x_test::test_y", text) == (
+        "log/IR",
+        "reads a log line poptorch_sim does not emit",
+    )
+
+
+def test_an_operand_read_from_an_absent_lowering_log_is_log_ir() -> None:
+    """other_ops_test's scatter_add reads the operand's name from PopTorch's 'Graph before
+    lowering' log; with the log checks made to pass it reads "", and its own regular expression
+    built from that name is unbalanced."""
+    text = "re.error: unbalanced parenthesis at position 30"
+    cls, _ = rules.classify("other_ops_test::test_available_memory_scatter_add", text)
+    assert cls == "log/IR"
+    assert rules.classify("other_ops_test::test_gather", text)[0] == "behaviour"

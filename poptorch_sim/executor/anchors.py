@@ -15,6 +15,14 @@ optimizer step, so one call of ``deviceIterations(DI)`` has DI of them, joined a
     Final       the last value: S
     Sum         the elementwise sum of the DI values: S
 
+An EveryN period PopART would refuse for the model's device iterations (not a factor of DI,
+or larger) is not refused: that anchor is returned as the model's outputs are, with a warning.
+PopTorch never refuses one: its lowering logs each anchor's own mode (``anchor ( <name>
+EVERYN/4 )``, ``LowerToPopart.cpp``) but hands the anchor to PopART with the model's output mode
+(``Compiler::addOutputTensor(id)``, whose mode defaults to the model's), so PopTorch's
+``debug_tensors_test::test_tensor_modes`` anchors ``EveryN(4)`` in a model of one device
+iteration and runs.
+
 Simulated: on an IPU the All and EveryN buffers also have a row per accumulation step and per
 replica (``DI·GA·R``); the simulator keeps the one value each optimizer step makes.
 """
@@ -22,16 +30,24 @@ replica (``DI·GA·R``); the simulator keeps the one value each optimizer step m
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from ..enums import OutputMode
-from ..errors import Error
+from ..logger import logger
 from .streams import assemble
 
-__all__ = ["Anchor", "AnchorCollector", "anchors_of"]
+__all__ = ["Anchor", "AnchorCollector", "anchors_of", "log_anchors"]
+
+# PopTorch's names of the output modes in its lowering log (``outputModeToString``).
+_LOG_NAMES = {
+    OutputMode.Final: "FINAL",
+    OutputMode.EveryN: "EVERYN",
+    OutputMode.All: "ALL",
+    OutputMode.Sum: "Sum",
+}
 
 
 @dataclass(frozen=True)
@@ -44,18 +60,9 @@ class Anchor:
     period: int
 
 
-def anchors_of(options: Any) -> list[Anchor]:
-    """The anchors of ``options``; those without an output mode take the model's.
-
-    Args:
-        options: the model's (frozen) ``poptorch.Options``.
-
-    >>> import poptorch_sim as poptorch
-    >>> opts = poptorch.Options().outputMode(poptorch.OutputMode.All)
-    >>> opts.anchorTensor("g", "Gradient___fc.bias")
-    >>> anchors_of(opts)[0].mode.name
-    'All'
-    """
+def _declared(options: Any) -> list[Anchor]:
+    """The anchors of ``options`` with the mode each was given; those without one take the
+    model's (as PopTorch's executor does when the model is wrapped)."""
     anchors = []
     for short_name, (long_name, use_default, mode, period) in options.anchored_tensors.items():
         if use_default:
@@ -67,30 +74,68 @@ def anchors_of(options: Any) -> list[Anchor]:
     return anchors
 
 
+def _fits(anchor: Anchor, device_iterations: int) -> bool:
+    """Whether PopART would take ``anchor``'s return period for ``device_iterations``."""
+    period = anchor.period
+    return anchor.mode != OutputMode.EveryN or (
+        period <= device_iterations and device_iterations % period == 0
+    )
+
+
+def anchors_of(options: Any, device_iterations: int) -> list[Anchor]:
+    """The anchors of ``options`` as a call of ``device_iterations`` returns them: those without
+    an output mode, or with an EveryN period that does not fit the device iterations, take the
+    model's (See [Note: anchored tensors follow their output mode]).
+
+    Args:
+        options: the model's (frozen) ``poptorch.Options``.
+        device_iterations: optimizer steps per call.
+
+    >>> import poptorch_sim as poptorch
+    >>> opts = poptorch.Options().outputMode(poptorch.OutputMode.All)
+    >>> opts.anchorTensor("g", "Gradient___fc.bias")
+    >>> opts.anchorTensor("h", "Gradient___fc.weight", poptorch.OutputMode.EveryN, 4)
+    >>> [a.mode.name for a in anchors_of(opts, 1)]
+    ['All', 'All']
+    """
+    model_mode = OutputMode(options.output_mode)
+    model_period = options.output_return_period if model_mode == OutputMode.EveryN else 1
+    return [
+        a if _fits(a, device_iterations) else replace(a, mode=model_mode, period=model_period)
+        for a in _declared(options)
+    ]
+
+
+def log_anchors(options: Any, device_iterations: int) -> None:
+    """At compile: PopTorch's debug line for each anchor (``  anchor ( <name> ALL/1 )``), and a
+    warning for each whose EveryN period does not fit ``device_iterations``."""
+    model_mode = OutputMode(options.output_mode)
+    for anchor in _declared(options):
+        name, mode = anchor.long_name, _LOG_NAMES[anchor.mode]
+        logger.debug("  anchor ( %s %s/%d )", name, mode, anchor.period)
+        if not _fits(anchor, device_iterations):
+            logger.warning(
+                "Anchor '%s': output_return_period=%d is not a factor of deviceIterations=%d, "
+                "so it is returned as the model's outputs are "
+                "(OutputMode.%s). Give anchorTensor a period that divides the device "
+                "iterations to get every N-th value.",
+                anchor.short_name,
+                anchor.period,
+                device_iterations,
+                model_mode.name,
+            )
+
+
 class AnchorCollector:
     """Takes the anchored values after each optimizer step of a call, then joins them.
 
     See [Note: anchored tensors follow their output mode].
 
     Args:
-        anchors: the model's anchors.
-        device_iterations: optimizer steps per call.
-
-    Raises:
-        Error: an EveryN period that is not a factor of ``device_iterations``.
+        anchors: the model's anchors, as ``anchors_of`` resolves them for the call.
     """
 
-    def __init__(self, anchors: list[Anchor], device_iterations: int) -> None:
-        for anchor in anchors:
-            period = anchor.period
-            if anchor.mode == OutputMode.EveryN and (
-                period > device_iterations or device_iterations % period != 0
-            ):
-                raise Error(
-                    f"Return period must be a factor of the number of batches per step and <= "
-                    f"to it: anchor '{anchor.short_name}' has output_return_period={period}, "
-                    f"deviceIterations={device_iterations}"
-                )
+    def __init__(self, anchors: list[Anchor]) -> None:
         self._anchors = anchors
         self._steps: list[dict[str, torch.Tensor]] = []
 

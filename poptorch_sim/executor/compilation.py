@@ -39,6 +39,7 @@ from ..runtime.intra_op import resolve_threads_per_ipu
 from ..runtime.io_tiles import IoTiles
 from ..timing.build import at_compile as time_at_compile
 from ..timing.build import trace_tracks
+from .anchors import log_anchors
 from .eager import EagerProgram
 from .executable import Executable, Program, to_traced_input
 from .inputs import BoundArgs
@@ -103,6 +104,7 @@ def build_executable(
     """
     layout = batch_layout(options, training)
     check_batch(bound, layout)
+    log_anchors(options, layout.device_iterations)
     if check_meta(model, bound, options):  # See [Note: shapes-only models]
         bound = on_meta(bound)
     overlap_marks()  # forget marks left by eager runs of forward

@@ -96,7 +96,7 @@ class Executable:
         step = trainer.step if trainer else None
         anchors = None
         if trainer is not None and step is not None and options.anchored_tensors:
-            anchors = AnchorCollector(anchors_of(options), self.layout.device_iterations)
+            anchors = AnchorCollector(anchors_of(options, self.layout.device_iterations))
             step = anchors.stepping(step, trainer.anchors)
         start = time.perf_counter()
         lay = self.layout
