@@ -26,8 +26,11 @@ class Case:
     Attributes:
         name: its pytest node id (JUnit: ``classname.name``).
         outcome: ``passed``, ``failed`` or ``skipped``.
-        message: the failure's one-line message (pytest's ``reprcrash``), "" if none.
-        text: the failure's message and traceback as pytest prints them, "" if none.
+        message: the failure's one-line message (pytest's ``reprcrash``), with `` <- `` and the
+            exception that ended the script the test ran where it printed one, "" if none.
+        text: the failure's message and traceback as pytest prints them, then the end of what
+            the test printed (an app's test that runs a script prints the script's traceback),
+            "" if none.
     """
 
     name: str
@@ -51,14 +54,34 @@ class Suite:
     finished: bool
 
 
+def _last_traceback(captured: str) -> str:
+    """What a test printed, from its last Python traceback on (a script the test ran and that
+    failed), or its last lines when it printed none; the rest (warnings, progress) is noise
+    that the classifier would misread."""
+    start = captured.rfind("Traceback (most recent call last)")
+    return captured[start:] if start >= 0 else captured[-2000:]
+
+
+def _exception_line(traceback: str) -> str:
+    """The ``Type: message`` line that ends a Python traceback, "" if there is none."""
+    lines = traceback.splitlines()[1:] if traceback.startswith("Traceback") else []
+    return next((line for line in lines if line and not line[0].isspace()), "")
+
+
 def _failure(report: TestReport | CollectReport) -> tuple[str, str]:
-    """The report's one-line message and its full text, as JUnit XML would hold them."""
+    """The report's one-line message and its text: message, traceback, then the end of what
+    the test printed. A test that ran a script and saw it fail gets the script's exception
+    added to its message."""
     longrepr = report.longrepr
-    crash = getattr(longrepr, "reprcrash", None)
-    message = crash.message if crash is not None else ""
     if isinstance(longrepr, tuple):  # a skip: (path, line, reason)
         return str(longrepr[2]), ""
-    return message, f"{message}\n{longrepr}"
+    crash = getattr(longrepr, "reprcrash", None)
+    message = crash.message if crash is not None else str(longrepr).strip().split("\n")[-1]
+    captured = _last_traceback("".join(body for _, body in report.sections))
+    cause = _exception_line(captured)
+    if cause and cause not in message:
+        message += f" <- {cause}"
+    return message, f"{message}\n{longrepr}\n{captured}"
 
 
 def read_report_log(path: Path) -> Suite:
@@ -122,5 +145,11 @@ def read_junit(path: Path) -> Suite:
             cases.append(Case(name, "passed"))
         else:
             message = bad.get("message") or ""
-            cases.append(Case(name, "failed", message, message + "\n" + (bad.text or "")))
+            printed = "".join(case.findtext(tag) or "" for tag in ("system-out", "system-err"))
+            captured = _last_traceback(printed)
+            cause = _exception_line(captured)
+            if cause and cause not in message:
+                message += f" <- {cause}"
+            text = "\n".join([message, bad.text or "", captured])
+            cases.append(Case(name, "failed", message, text))
     return Suite(cases, [], True)
