@@ -73,7 +73,7 @@ def _failure(report: TestReport | CollectReport) -> tuple[str, str]:
     the test printed. A test that ran a script and saw it fail gets the script's exception
     added to its message."""
     longrepr = report.longrepr
-    if isinstance(longrepr, tuple):  # a skip: (path, line, reason)
+    if isinstance(longrepr, (tuple, list)):  # a skip: (path, line, reason); a list in JSON
         return str(longrepr[2]), ""
     crash = getattr(longrepr, "reprcrash", None)
     message = crash.message if crash is not None else str(longrepr).strip().split("\n")[-1]
