@@ -79,6 +79,15 @@ def test_an_ipu_against_cpu_mismatch_in_the_apps_assertion_is_poptorch_sims() ->
     assert _classify(text) == "poptorch_sim"
 
 
+def test_cnns_sample_images_not_downloaded_are_the_environments() -> None:
+    # datasets/dataset.py logs this and exits when data/images (get_images.sh) is empty.
+    text = (
+        "SystemExit: 1\ndatasets/dataset.py:68: in __init__\n    sys.exit(1)\n"
+        "ERROR    root:dataset.py:67 No images found. Run get_images.sh script. Aborting...\n"
+    )
+    assert _classify(text) == "environment"
+
+
 def test_the_apps_own_frame_and_an_installed_package_keep_their_classes() -> None:
     app = "model.py:120: in forward\n    x = y\nTypeError: bad operand\n"
     assert _classify(app) == "app"
