@@ -236,6 +236,30 @@ def test_each_failure_of_a_stopped_suite_is_classed_by_the_script_it_ran(tmp_pat
         ["tests/t.py::test_d", "environment"],
     ]
     assert rows[0][2].endswith("<- TypeError: unsupported option 'x'")
+    assert rows[1][2].endswith(
+        "<- FileNotFoundError: [Errno 2] No such file or directory: 'data/imagenet1k/validation'"
+    )
+
+
+def test_a_script_that_logs_its_error_and_exits_gives_that_line_as_the_cause(
+    tmp_path: Path,
+) -> None:
+    node = "tests/test_inference.py::TestInference::test_realdata_pipeline"
+    printed = (
+        "TEST FAILED\nstdout=[INFO] Loading the data\n"
+        "[ERROR] No images found. Run get_images.sh script. Aborting...\n\nstderr=warnings\n"
+    )
+    lines = [
+        _report(node, "setup", "passed"),
+        _report(node, "call", "failed", _script_failed("utils/test_tools.py"), printed),
+    ]
+    log = tmp_path / "cnns-tests.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    (case,) = garden_outcomes.read_report_log(log).cases
+    assert case.message.endswith(
+        "<- [ERROR] No images found. Run get_images.sh script. Aborting..."
+    )
+    assert _classify(case.text) == "environment"
 
 
 def test_the_junit_report_is_read_with_what_each_test_printed(tmp_path: Path) -> None:

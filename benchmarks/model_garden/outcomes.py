@@ -62,10 +62,13 @@ def _last_traceback(captured: str) -> str:
     return captured[start:] if start >= 0 else captured[-2000:]
 
 
-def _exception_line(traceback: str) -> str:
-    """The ``Type: message`` line that ends a Python traceback, "" if there is none."""
-    lines = traceback.splitlines()[1:] if traceback.startswith("Traceback") else []
-    return next((line for line in lines if line and not line[0].isspace()), "")
+def _exception_line(printed: str) -> str:
+    """The ``Type: message`` line that ends a Python traceback; with no traceback, the last
+    line logged at level ERROR (a script that logs why and exits); "" if neither."""
+    lines = printed.splitlines()
+    if printed.startswith("Traceback"):
+        return next((line for line in lines[1:] if line and not line[0].isspace()), "")
+    return next((line.strip() for line in reversed(lines) if "ERROR" in line), "")
 
 
 def _failure(report: TestReport | CollectReport) -> tuple[str, str]:
