@@ -3,9 +3,12 @@ the second pass of PopTorch's test suite (its node ids, its patched copy, its pl
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 import pytest
 
@@ -13,6 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks" / "model_garden"))
 
 import classify as garden_classify  # noqa: E402
+import garden  # noqa: E402
+import outcomes as garden_outcomes  # noqa: E402
 import process as garden_process  # noqa: E402
 
 from benchmarks.poptorch_tests import rules, second_pass  # noqa: E402
@@ -74,6 +79,15 @@ def test_an_ipu_against_cpu_mismatch_in_the_apps_assertion_is_poptorch_sims() ->
     assert _classify(text) == "poptorch_sim"
 
 
+def test_cnns_sample_images_not_downloaded_are_the_environments() -> None:
+    # datasets/dataset.py logs this and exits when data/images (get_images.sh) is empty.
+    text = (
+        "SystemExit: 1\ndatasets/dataset.py:68: in __init__\n    sys.exit(1)\n"
+        "ERROR    root:dataset.py:67 No images found. Run get_images.sh script. Aborting...\n"
+    )
+    assert _classify(text) == "environment"
+
+
 def test_the_apps_own_frame_and_an_installed_package_keep_their_classes() -> None:
     app = "model.py:120: in forward\n    x = y\nTypeError: bad operand\n"
     assert _classify(app) == "app"
@@ -108,6 +122,163 @@ def test_the_runner_marks_a_command_that_ran_out_of_time(tmp_path: Path) -> None
     rc = garden_process.run(cmd, tmp_path, log, 1, {})
     assert rc == garden_process.TIMED_OUT_RC
     assert garden_classify.classify(log.read_text(), PROJECT) == "poptorch_sim"
+
+
+# -- the garden's reading of a suite's outcomes ---------------------------------------------
+def _report(node: str, when: str, outcome: str, longrepr: object = None, printed: str = "") -> str:
+    """One line of a pytest report log (pytest-reportlog's ``--report-log``), as pytest writes
+    a phase's ``TestReport``."""
+    sections = [["Captured stdout call", printed]] if printed else []
+    data = {
+        "nodeid": node,
+        "location": [node.split("::")[0], 1, node.split("::")[-1]],
+        "keywords": {},
+        "outcome": outcome,
+        "longrepr": longrepr,
+        "when": when,
+        "user_properties": [],
+        "sections": sections,
+        "duration": 0.1,
+        "$report_type": "TestReport",
+    }
+    return json.dumps(data)
+
+
+def _script_failed(frame: str) -> dict[str, object]:
+    """A failure's ``longrepr`` as pytest serialises it: the app's test saw its script fail."""
+    message = "subprocess.CalledProcessError: Command '['python', 'run.py']' returned 1."
+    entry = {
+        "lines": ["    out = subprocess.check_output(cmd)", "E   " + message],
+        "reprfuncargs": None,
+        "reprlocals": None,
+        "reprfileloc": {"path": frame, "lineno": 23, "message": "CalledProcessError"},
+        "style": "long",
+    }
+    return {
+        "reprcrash": {"path": frame, "lineno": 23, "message": message},
+        "reprtraceback": {
+            "reprentries": [{"type": "ReprEntry", "data": entry}],
+            "extraline": None,
+            "style": "long",
+        },
+        "sections": [],
+        "chain": None,
+    }
+
+
+_SIM_TRACEBACK = (
+    "stderr=Traceback (most recent call last):\n"
+    '  File "inference/run_benchmark.py", line 40, in <module>\n'
+    f'  File "{PROJECT}/poptorch_sim/executor/inference.py", line 88, in __call__\n'
+    "TypeError: unsupported option 'x'\n"
+)
+_DATA_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "datasets/dataset.py", line 12, in get_data\n'
+    "FileNotFoundError: [Errno 2] No such file or directory: 'data/imagenet1k/validation'\n"
+)
+
+
+def _stopped_suite_log() -> str:
+    """A suite the runner stopped: four tests ended, the fifth had started, the last line is
+    cut short, and there is no ``SessionFinish``."""
+    ok, sim, data = "tests/test_a.py::test_ok", "tests/test_a.py::test_sim", "tests/t.py::test_d"
+    skipped, hung = "tests/test_a.py::test_two_ipus", "tests/test_b.py::test_real[4]"
+    lines = [
+        json.dumps({"pytest_version": "9.2.0", "$report_type": "SessionStart"}),
+        _report(ok, "setup", "passed"),
+        _report(ok, "call", "passed"),
+        _report(ok, "teardown", "passed"),
+        _report(sim, "setup", "passed"),
+        _report(sim, "call", "failed", _script_failed("utils/test_tools.py"), _SIM_TRACEBACK),
+        _report(sim, "teardown", "passed", printed=_SIM_TRACEBACK),
+        _report(skipped, "setup", "skipped", ["tests/test_a.py", 9, "Skipped: needs 2 IPUs"]),
+        _report(skipped, "teardown", "passed"),
+        _report(data, "setup", "passed"),
+        _report(data, "call", "failed", _script_failed("utils/test_tools.py"), _DATA_TRACEBACK),
+        _report(data, "teardown", "passed"),
+        _report(hung, "setup", "passed"),
+        _report(hung, "call", "passed")[:40],  # the process was killed mid-line
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_stopped_suites_report_log_keeps_what_finished_and_names_what_ran(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "cnns-tests.jsonl"
+    log.write_text(_stopped_suite_log())
+    suite = garden_outcomes.read_report_log(log)
+    outcomes = {case.name.split("::")[1]: case.outcome for case in suite.cases}
+    assert outcomes == {
+        "test_ok": "passed",
+        "test_sim": "failed",
+        "test_two_ipus": "skipped",
+        "test_d": "failed",
+    }
+    assert suite.running == ["tests/test_b.py::test_real[4]"]
+    assert not suite.finished
+
+
+def test_each_failure_of_a_stopped_suite_is_classed_by_the_script_it_ran(tmp_path: Path) -> None:
+    log = tmp_path / "cnns-tests.jsonl"
+    log.write_text(_stopped_suite_log())
+    step = garden.Step("cnns", "tests", "")
+    failures = tmp_path / "failures.tsv"
+    suite = garden_outcomes.read_report_log(log)
+    counts = garden.count_cases(suite, step, PROJECT, APP, failures)
+    assert counts == Counter(passed=1, failed=2, skipped=1)
+    # The app's frame raised CalledProcessError; the script's own traceback says whose it is.
+    assert step.classes == Counter(poptorch_sim=1, environment=1)
+    rows = [line.split("\t") for line in failures.read_text().splitlines()]
+    assert [row[:2] for row in rows] == [
+        ["tests/test_a.py::test_sim", "poptorch_sim"],
+        ["tests/t.py::test_d", "environment"],
+    ]
+    assert rows[0][2].endswith("<- TypeError: unsupported option 'x'")
+    assert rows[1][2].endswith(
+        "<- FileNotFoundError: [Errno 2] No such file or directory: 'data/imagenet1k/validation'"
+    )
+
+
+def test_a_script_that_logs_its_error_and_exits_gives_that_line_as_the_cause(
+    tmp_path: Path,
+) -> None:
+    node = "tests/test_inference.py::TestInference::test_realdata_pipeline"
+    printed = (
+        "TEST FAILED\nstdout=[INFO] Loading the data\n"
+        "[ERROR] No images found. Run get_images.sh script. Aborting...\n\nstderr=warnings\n"
+    )
+    lines = [
+        _report(node, "setup", "passed"),
+        _report(node, "call", "failed", _script_failed("utils/test_tools.py"), printed),
+    ]
+    log = tmp_path / "cnns-tests.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    (case,) = garden_outcomes.read_report_log(log).cases
+    assert case.message.endswith(
+        "<- [ERROR] No images found. Run get_images.sh script. Aborting..."
+    )
+    assert _classify(case.text) == "environment"
+
+
+def test_the_junit_report_is_read_with_what_each_test_printed(tmp_path: Path) -> None:
+    xml = tmp_path / "tests.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_a" name="test_ok"/>'
+        '<testcase classname="tests.test_a" name="test_two_ipus"><skipped message="x"/></testcase>'
+        '<testcase classname="tests.test_a" name="test_sim">'
+        '<failure message="CalledProcessError: returned 1">utils/test_tools.py:23: in run'
+        "</failure><system-out>"
+        + escape(_SIM_TRACEBACK)
+        + "</system-out></testcase></testsuite></testsuites>"
+    )
+    suite = garden_outcomes.read_junit(xml)
+    assert [c.outcome for c in suite.cases] == ["passed", "skipped", "failed"]
+    failed = suite.cases[2]
+    assert failed.message == "CalledProcessError: returned 1 <- TypeError: unsupported option 'x'"
+    assert garden_classify.classify(failed.text, PROJECT, APP) == "poptorch_sim"
 
 
 # -- the second pass of PopTorch's tests ------------------------------------------------------

@@ -48,6 +48,8 @@ _ENVIRONMENT = re.compile(
     r"|custom_ops\.so|load_lib|poprun|mpirun|gc-monitor|gcipuinfo|libpvti"
     r"|PackageNotFoundError|DistributionNotFound"
     r"|was removed in the NumPy 2.0 release|pkg_resources"
+    # cnns' sample images (data/images), which its get_images.sh downloads, are not there
+    r"|No images found\. Run get_images\.sh"
 )
 # A run stopped for time: the runner's marker, or pytest-timeout's report of one test.
 _HANG = re.compile(re.escape(TIMED_OUT) + r"|Failed: Timeout >|\+{5,} Timeout \+{5,}")

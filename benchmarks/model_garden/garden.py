@@ -19,7 +19,6 @@ import site
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from apps import APPS, NOT_ATTEMPTED, SKIPPED_REQUIREMENTS, App, Train  # noqa: E402
 from classify import CLASSES, classify  # noqa: E402
+from outcomes import Suite, read_junit, read_report_log  # noqa: E402
 from process import STOPPED, TIMED_OUT_RC  # noqa: E402
 from process import run as _run  # noqa: E402
 
@@ -174,14 +174,19 @@ def make_env(
 
 
 def _test_plugins(python: Path, work: Path) -> None:
-    """pytest-timeout in the environment: each test of a suite gets its own time limit."""
-    probe = [str(python), "-c", "import pytest_timeout"]
-    if subprocess.run(probe, capture_output=True, check=False).returncode == 0:
-        return
+    """pytest-timeout (each test of a suite gets its own time limit) and pytest-reportlog (each
+    test's outcome is written as it finishes, so a suite stopped at its limit still tells what
+    ran) in the environment."""
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-deps"]
-    _run(
-        [*pip, "pytest-timeout"], work, work / "pytest-timeout-install.log", 900, dict(os.environ)
-    )
+    for module in ("pytest_timeout", "pytest_reportlog"):
+        if not _has_module(python, module):
+            package = module.replace("_", "-")
+            _run([*pip, package], work, work / f"{package}-install.log", 900, dict(os.environ))
+
+
+def _has_module(python: Path, module: str) -> bool:
+    probe = [str(python), "-c", f"import {module}"]
+    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
 
 
 def _stand_ins(python: Path, project: Path, step: Step) -> None:
@@ -227,11 +232,14 @@ def run_tests(
     if not app.tests:
         step.result = "no tests"
         return step
-    xml = work / f"{app.key}-tests.xml"
+    xml, report_log = work / f"{app.key}-tests.xml", work / f"{app.key}-tests.jsonl"
     xml.unlink(missing_ok=True)
+    report_log.unlink(missing_ok=True)
     cmd = [str(python), "-m", "pytest", *app.tests, "-p", "no:cacheprovider", "-rN"]
     cmd += ["--junitxml", str(xml), "-o", "junit_logging=all"]
     cmd += [f"--timeout={limits[1]:.0f}", "--timeout-method=signal"]
+    if _has_module(python, "pytest_reportlog"):
+        cmd += ["--report-log", str(report_log)]
     start = time.perf_counter()
     env = _env(app, python)
     env["PYTHONPATH"] = os.pathsep.join([*_ini_python_paths(checkout), env.get("PYTHONPATH", "")])
@@ -240,40 +248,48 @@ def run_tests(
     rc = _run(cmd, cwd, log, limits[0], env)
     step.seconds = time.perf_counter() - start
     text = log.read_text(errors="replace")
-    if not xml.exists():
+    # The report log first: it holds every finished test even when the suite was stopped.
+    suite = read_report_log(report_log) if report_log.exists() else None
+    if suite is None and xml.exists():
+        suite = read_junit(xml)
+    if suite is None:
         step.result = f"no report (exit {rc})"
         step.classes[classify(text[-4000:], str(project), str(cwd))] += 1
         return step
-    counts = _read_cases(xml, step, str(project), str(cwd))
+    failures = work / f"{app.key}-tests-failures.tsv"
+    counts = count_cases(suite, step, str(project), str(cwd), failures)
     step.result = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped"))
     collected = _COLLECTED.search(text)
     ran = sum(counts.values())
     if collected:
         step.result += f" of {collected.group(1)} collected"
     if rc == TIMED_OUT_RC:
-        step.result += f" (suite stopped at its {limits[0]:.0f} s limit after {ran} tests)"
+        where = f", in {', '.join(suite.running)}" if suite.running else ""
+        step.result += f" (suite stopped at its {limits[0]:.0f} s limit{where} after {ran} tests)"
         step.classes[classify(text[-4000:], str(project), str(cwd))] += 1
     return step
 
 
-def _read_cases(xml: Path, step: Step, project: str, cwd: str) -> Counter[str]:
-    """Outcome counts of a JUnit report; each failure classified into ``step``."""
+def count_cases(
+    suite: Suite, step: Step, project: str, cwd: str, failures: Path | None = None
+) -> Counter[str]:
+    """Outcome counts of ``suite``; each failure classified into ``step`` (a poptorch_sim
+    failure also noted with its message) and, with ``failures``, listed there one a line:
+    node id, class, message (tab-separated), so each class can be checked against its text."""
     counts: Counter[str] = Counter()
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        bad = case.find("failure")
-        if bad is None:
-            bad = case.find("error")
-        if case.find("skipped") is not None:
-            counts["skipped"] += 1
-        elif bad is None:
-            counts["passed"] += 1
-        else:
-            counts["failed"] += 1
-            text = (bad.get("message") or "") + "\n" + (bad.text or "")
-            kind = classify(text, project, cwd)
-            step.classes[kind] += 1
-            if kind == "poptorch_sim":
-                step.notes.append(f"{case.get('name')}: {(bad.get('message') or '')[:160]}")
+    rows = []
+    for case in suite.cases:
+        counts[case.outcome] += 1
+        if case.outcome != "failed":
+            continue
+        kind = classify(case.text, project, cwd)
+        step.classes[kind] += 1
+        message = " ".join(case.message.split())
+        rows.append(f"{case.name}\t{kind}\t{message[:300]}")
+        if kind == "poptorch_sim":
+            step.notes.append(f"{case.name}: {message[:160]}")
+    if failures is not None:
+        failures.write_text("".join(row + "\n" for row in rows))
     return counts
 
 
