@@ -8,21 +8,45 @@ import os
 from setuptools import find_packages, setup
 
 # [Note: build time]
-# A cold build of the extension is the compiler's work on a few files: the SIMD variants of the
-# bitonic network (csrc/sort/bitonic_*.cpp) instantiate its templates for nine dtypes each, and
-# took about 60-120 CPU seconds apiece at -O3 on a 2-vCPU Xeon (2026-11-28); parsing torch's
-# headers took 8-9 s in each file that includes <ATen/ATen.h> or <torch/library.h>, and 30 s
-# for <torch/extension.h>. So:
+# A cold build of the extension is the compiler's work on 21 files. CPU seconds (user + sys) of
+# each compiled alone with build.ninja's command (`/usr/bin/time -f %U+%S c++ <cflags> -c FILE
+# <post_cflags>`), 2-vCPU Intel Xeon (AVX-512), GCC 12.2, shared (load 6-10), 2026-11-28, at
+# 850aa4f -> 268cb8d (the network out of line, lighter torch headers; files whose source did
+# not change moved by up to 15%: the machine's noise):
+#   sort/bitonic_8_lanes.cpp  104.5 -> 28.2     optim/optimizer.cpp       14.9 -> 12.4
+#   sort/bitonic_avx512.cpp    56.7 -> 19.4     engine/worker_memory.cpp  13.6 -> 11.0
+#   sort/bitonic_avx2.cpp      47.4 -> 18.9     module.cpp                13.6 -> 12.3
+#   sort/bitonic_base.cpp      35.4 -> 13.7     optim/optimizer_tiles.cpp 12.8 -> 11.8
+#   sort/sort.cpp              21.9 -> 19.9     engine/output_cache.cpp   10.9 -> 3.3
+#   sort/topk.cpp              16.2 -> 15.4     sort/bitonic.cpp           6.6 -> 6.1
+#   optim/offload.cpp          15.8 -> 11.2     engine/tile_engine.cpp     1.8 -> 2.3
+#   sort/nms.cpp               15.5 -> 12.8     sort/scatter_sort.cpp      1.5 -> 1.5
+#   optim/accumulate.cpp       15.2 -> 9.1      common/simd.cpp            1.4 -> 1.7
+#   engine/library.cpp         15.1 -> 9.6      sort/radix.cpp             1.4 -> 1.1
+#   engine/streams.cpp         15.0 -> 11.6     total                    437.2 -> 243.3
+# Parsing headers alone: <ATen/ATen.h> 9.0 s, <torch/library.h> 5.7 s, both 11.2 s,
+# <ATen/core/Tensor.h> 2.2 s, torch's pybind11 casters 8.8 s (<torch/extension.h>: about 30 s).
+# So:
+# - the bitonic network is compiled once per SIMD variant, not once per dtype (see [Note: the
+#   network out of line] in sort/bitonic/variants.h): one dtype's instantiation in
+#   bitonic_avx512.cpp adds 0.4 (uint8) to 5.0 s (float64) to the file without any (3.6 s),
+#   where it added 4.4 to 10.0 s (to 1.4 s);
 # - the kernels' headers are torch-free (sort/sort.h, sort/bitonic/*, optim/optimizer_tiles.h,
 #   engine/tile_engine.h, common/simd.h: c10's scalar types and TORCH_CHECK at most), and only
-#   the files that register ops or take tensors include torch's; module.cpp includes torch's
-#   pybind11 casters, not <torch/extension.h>;
-# (The test-only 8-lane network, 119 CPU seconds at -O3, took longer still under
-# `#pragma GCC optimize("O1")`: its cost is the always-inlined network itself.)
+#   the files that register ops or take tensors include torch's: <ATen/core/Tensor.h> and the
+#   per-operator headers of the functions they call (<ATen/ops/empty.h>), never <ATen/ATen.h>;
+#   module.cpp includes torch's pybind11 casters, not <torch/extension.h>;
 # - ninja gets the longest files first, so that two cores finish together;
 # - scripts/setup.sh keeps each built library in a cache keyed by the sources, torch, the
 #   compiler and Python, so a fresh clone of a tree built before copies it.
-_LONGEST = {f"csrc/sort/bitonic_{name}.cpp" for name in ("avx512", "avx2", "base", "8_lanes")}
+# What is left, 243 CPU s (about 122 s on two cores), is mostly torch's headers (about 7 s in
+# each of the 9 files that register ops with <torch/library.h>, 8.8 s in module.cpp) and
+# the test-only 8-lane network (28 s, of which 12-14 s its split vectors' network with no dtype
+# instantiated; it took longer still under `#pragma GCC optimize("O1")`).
+_LONGEST = {
+    f"csrc/sort/{name}.cpp"
+    for name in ("bitonic_8_lanes", "bitonic_avx512", "bitonic_avx2", "sort", "topk")
+}
 
 
 def _extensions() -> tuple[list, dict]:

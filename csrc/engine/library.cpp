@@ -1,7 +1,8 @@
 // The tile engine's ops: its counters, its tile count and the SIMD level of each kernel family.
 // Each family of ops (engine, sort, optim) defines its schemas with TORCH_LIBRARY_FRAGMENT in
 // the file of its kernels.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/tensor.h>
 #include <torch/library.h>
 
 #include "common/simd.h"

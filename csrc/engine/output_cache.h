@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace poptorch_sim {
 

@@ -4,7 +4,8 @@
 // output for replica r is the elementwise sum of every R-th of them starting at r. The sum is
 // accumulated in the dtype's op-math type (float for float16/bfloat16) tile by tile and written
 // once, so assembling the output costs exactly one write of it and no intermediate stack.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>

@@ -5,7 +5,7 @@
 // accumulation steps and replicas is expressed by `scale` (1/(GA*R) or 1). Arithmetic is in
 // float32 and rounded once into the accumulator. The op returns nothing (a returned alias of
 // `accum` would keep torch.compile from functionalising it); the Python wrapper returns accum.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -12,7 +12,7 @@
 // Chunks are whole tiles (see [Note: optimizer tiles]), so every element meets exactly the
 // arithmetic it meets on-chip and the results are bit-identical. The counters below let the
 // profiler show the streaming: chunks streamed and bytes each way.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

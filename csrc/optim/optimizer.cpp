@@ -5,7 +5,8 @@
 // divided by it, then multiplied by the clip coefficient, exactly as
 // `p.grad /= loss_scaling; clip_grad_norm_(...); opt.step()` would; the element formulas and
 // their operation order follow torch/optim/*.py (`foreach=False`). See [Note: optimizer tiles].
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

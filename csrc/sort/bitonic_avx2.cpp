@@ -7,6 +7,7 @@ namespace sorting {
 namespace bitonic {
 
 POPSIM_BITONIC_VARIANT(_avx2, POPSIM_AVX2, native, 4, 8)
+POPSIM_BITONIC_NARROW_NETWORK(POPSIM_AVX2, 8)
 POPSIM_BITONIC_INSTANCES(_avx2)
 
 }  // namespace bitonic

@@ -7,6 +7,7 @@ namespace sorting {
 namespace bitonic {
 
 POPSIM_BITONIC_VARIANT(_avx512, POPSIM_AVX512, native, 8, 16)
+POPSIM_BITONIC_NARROW_NETWORK(POPSIM_AVX512, 16)
 POPSIM_BITONIC_INSTANCES(_avx512)
 
 }  // namespace bitonic

@@ -15,6 +15,8 @@
 #include <tuple>
 #include <unordered_map>
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/isnan.h>
 #include <torch/library.h>
 
 #include "common/simd.h"
@@ -327,7 +329,7 @@ at::Tensor batched_nms_cpu(
   // torchvision's coordinate trick for small inputs, evaluated in the same arithmetic so the
   // shifted boxes (and so the kept set) match it bit for bit.
   const at::Tensor max_coordinate = boxes.max();
-  const at::Tensor offsets = idxs.to(boxes.scalar_type()) * (max_coordinate + 1);
+  const at::Tensor offsets = idxs.to(boxes.scalar_type()).mul(max_coordinate.add(1));
   return is_float ? nms_impl<float>(boxes, scores, offsets.contiguous(), iou_threshold, scope)
                   : nms_impl<double>(boxes, scores, offsets.contiguous(), iou_threshold, scope);
 }

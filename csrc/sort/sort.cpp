@@ -6,6 +6,8 @@
 #include <tuple>
 
 #include <ATen/WrapDimUtils.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include "engine/output_cache.h"

@@ -2,7 +2,7 @@
 // sort of a tensor.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "sort/sort.h"
 

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include <ATen/WrapDimUtils.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "sort/sort.h"
