@@ -112,3 +112,35 @@ def test_an_anchor_period_that_does_not_fit_takes_the_models_mode(
         caplog.text
     )
     training.destroy()
+
+
+def test_a_buffer_anchored_by_its_name_in_inference_is_the_eager_models() -> None:
+    # vision/cnns' test_pretrained_batchnorm_fp16: a half BatchNorm with float running stats,
+    # its running_mean and running_var anchored by their names.
+    bn = nn.BatchNorm2d(8)
+    bn.running_mean.copy_(torch.randn(8))
+    bn.running_var.copy_(torch.rand(8) + 0.5)
+    bn.half()  # the stats pass through half on the host, as in the app's test
+    bn.running_mean, bn.running_var = bn.running_mean.float(), bn.running_var.float()
+    reference = copy.deepcopy(bn).eval()
+    opts = poptorch.Options().deviceIterations(2)
+    opts.anchorTensor("mean", "running_mean")
+    opts.anchorTensor("var", "running_var", OutputMode.Final)
+    inference = poptorch.inferenceModel(bn, opts)
+    inference(torch.ones(2, 8, 3, 3, dtype=torch.half))
+    mean = inference.getAnchoredTensor("mean")  # the model's output mode: All, one per DI
+    torch.testing.assert_close(mean, reference.running_mean.repeat(2))
+    torch.testing.assert_close(inference.getAnchoredTensor("var"), reference.running_var)
+
+
+def test_a_weight_anchored_by_its_name_in_training_is_the_eager_weight_after_each_step() -> None:
+    model = Model()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options().deviceIterations(DI).outputMode(OutputMode.All)
+    opts.anchorTensor("weight", "fc2.weight")
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, labels = torch.randn(DI * 5, 10), torch.randn(DI * 5, 10)
+    training(x, labels)
+    _, weights = _eager(reference, x, labels, 1)
+    torch.testing.assert_close(training.getAnchoredTensor("weight"), torch.cat(weights))
+    training.destroy()

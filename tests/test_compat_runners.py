@@ -88,6 +88,26 @@ def test_cnns_sample_images_not_downloaded_are_the_environments() -> None:
     assert _classify(text) == "environment"
 
 
+def test_a_test_whose_fixture_is_missing_is_named_and_is_the_environments(
+    tmp_path: Path,
+) -> None:
+    # The fixture lives in a conftest that --noconftest switched off: pytest's report has no
+    # crash line, only its "E" line.
+    node = "tests/tritonserver/multi_client_test.py::test_single_model[resnet50-SYNC-1]"
+    longrepr = (
+        "file tests/tritonserver/multi_client_test.py, line 20\n"
+        "  def test_single_model(request, triton_server, model_name):\n"
+        "E       fixture 'triton_server' not found\n"
+        ">       available fixtures: capfd, capsys, tmp_path\n\n"
+        "tests/tritonserver/multi_client_test.py:20"
+    )
+    log = tmp_path / "cnns-tests.jsonl"
+    log.write_text(_report(node, "setup", "failed", longrepr) + "\n")
+    (case,) = garden_outcomes.read_report_log(log).cases
+    assert case.message == "fixture 'triton_server' not found"
+    assert _classify(case.text) == "environment"
+
+
 def test_the_apps_own_frame_and_an_installed_package_keep_their_classes() -> None:
     app = "model.py:120: in forward\n    x = y\nTypeError: bad operand\n"
     assert _classify(app) == "app"

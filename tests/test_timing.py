@@ -62,6 +62,18 @@ def test_op_counter_counts_a_matmul_as_2mnk_flops() -> None:
     assert counter.totals.memory_bytes == 2 * 8 * 32 * 4  # relu reads and writes 8x32 floats
 
 
+def test_poptorch_markers_and_identities_cost_nothing_and_are_not_unknown() -> None:
+    # vision/cnns pushes and pops a name scope around every module: no op to warn about.
+    a = torch.randn(8, 16)
+    with OpCounter() as counter:
+        torch.ops.poptorch.push_name_scope("layer1")
+        b = torch.ops.poptorch.recomputation_checkpoint(a)
+        torch.ops.poptorch.pop_name_scope()
+    torch.testing.assert_close(b, a)
+    assert counter.totals.unknown == {}
+    assert counter.totals.ops == 0 and counter.totals.memory_bytes == 0
+
+
 @pytest.mark.parametrize(("stages", "ga"), [(2, 4), (4, 8), (3, 16)], ids=str)
 def test_pipelined_training_takes_ga_plus_2_n_minus_1_cycles(stages: int, ga: int) -> None:
     model = _training(Chain(stages), _options(ga), mb=2)

@@ -50,6 +50,8 @@ _ENVIRONMENT = re.compile(
     r"|was removed in the NumPy 2.0 release|pkg_resources"
     # cnns' sample images (data/images), which its get_images.sh downloads, are not there
     r"|No images found\. Run get_images\.sh"
+    # a fixture of a conftest the runner switched off (cnns: it downloads data sets at start)
+    r"|fixture '\w+' not found"
 )
 # A run stopped for time: the runner's marker, or pytest-timeout's report of one test.
 _HANG = re.compile(re.escape(TIMED_OUT) + r"|Failed: Timeout >|\+{5,} Timeout \+{5,}")

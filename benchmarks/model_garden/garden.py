@@ -293,6 +293,18 @@ def count_cases(
     return counts
 
 
+def reread(app: App, checkout: Path, project: Path, work: Path) -> Step:
+    """The step of the app's last suite, read again from its report log (``--reread``)."""
+    step = Step(app.key, "tests (read again): pytest " + " ".join(app.tests), "")
+    suite = read_report_log(work / f"{app.key}-tests.jsonl")
+    failures = work / f"{app.key}-tests-failures.tsv"
+    counts = count_cases(suite, step, str(project), str(checkout / app.path), failures)
+    step.result = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped"))
+    if suite.running:
+        step.result += f" (stopped in {', '.join(suite.running)})"
+    return step
+
+
 def run_train(
     app: App, train: Train, python: Path, checkout: Path, project: Path, work: Path, timeout: float
 ) -> Step:
@@ -367,8 +379,17 @@ def main() -> None:
         "--train-timeout", type=float, default=1200, help="seconds for one training command"
     )
     parser.add_argument("--clean", action="store_true", help="delete the environments at the end")
+    parser.add_argument(
+        "--reread",
+        action="store_true",
+        help="run nothing: class again the failures of each app's last suite (its report log "
+        "in --work) with this runner's rules",
+    )
     args = parser.parse_args()
     checkout, project, work = args.checkout.resolve(), args.project.resolve(), args.work.resolve()
+    if args.reread:
+        print(table([reread(APPS[key], checkout, project, work) for key in args.apps.split(",")]))
+        return
     work.mkdir(parents=True, exist_ok=True)
     steps: list[Step] = []
     for key in args.apps.split(","):

@@ -79,7 +79,11 @@ def _failure(report: TestReport | CollectReport) -> tuple[str, str]:
     if isinstance(longrepr, (tuple, list)):  # a skip: (path, line, reason); a list in JSON
         return str(longrepr[2]), ""
     crash = getattr(longrepr, "reprcrash", None)
-    message = crash.message if crash is not None else str(longrepr).strip().split("\n")[-1]
+    if crash is not None:
+        message = crash.message
+    else:  # a fixture-lookup error and the like: its first "E" line says what is wrong
+        lines = str(longrepr).strip().splitlines()
+        message = next((x[1:].strip() for x in lines if x.startswith("E ")), lines[-1])
     captured = _last_traceback("".join(body for _, body in report.sections))
     cause = _exception_line(captured)
     if cause and cause not in message:

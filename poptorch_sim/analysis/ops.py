@@ -9,7 +9,8 @@ kind       ops                                                                  
 =========  ==========================================================================  ========
 compute    ops ``torch.utils.flop_counter`` counts (matmuls, convolutions, attention)  FLOPs on
                                                                                         the AMP
-view       views and metadata (``view``, ``transpose``, ``detach`` ...)                nothing
+view       views and metadata (``view``, ``transpose``, ``detach`` ...), PopTorch's    nothing
+           markers (``poptorch.push_name_scope`` ...)
 memory     pointwise ops (``torch.Tag.pointwise``), reductions, norms, copies, gathers  bytes
 unknown    anything else (custom ops among them): counted as ``memory``, by the bytes   bytes
            of its inputs and outputs, and named once in a warning
@@ -62,6 +63,17 @@ _VIEW_OPS = frozenset(
 )
 
 
+# PopTorch's own ops that only mark the graph for PopART (scopes, blocks, attributes) or pass
+# their input through unchanged: nothing is computed or moved.
+_POPTORCH_MARKERS = frozenset(
+    """
+    begin_ipu_block end_ipu_block push_name_scope pop_name_scope set_attribute clear_attribute
+    optimizer_group begin_multi_conv end_multi_conv nop recomputation_checkpoint
+    set_available_memory set_matmul_serialization set_overlap_for_input set_overlap_for_output
+    """.split()
+)
+
+
 # Attention kernels flop_counter leaves out (CPU's): (query, key, value) are their first inputs.
 _ATTENTION = frozenset(("_scaled_dot_product_flash_attention_for_cpu",))
 
@@ -73,6 +85,8 @@ def op_kind(func: Any) -> str:
     if packet in flop_registry or name in _ATTENTION:
         return "compute"
     if name in _VIEW_OPS or getattr(func, "is_view", False):
+        return "view"
+    if getattr(func, "namespace", "") == "poptorch" and name in _POPTORCH_MARKERS:
         return "view"
     tags = getattr(func, "tags", ())
     if torch.Tag.pointwise in tags or name in _MEMORY_OPS or name.rstrip("_") in _MEMORY_OPS:

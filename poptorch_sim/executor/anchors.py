@@ -6,8 +6,10 @@ anchor is allocated with dim 0 multiplied by the anchor's batch dimension (PopTo
 ``PoplarExecutable::run``, ``dims[0] *= popartBatchDimForAnchor(id)``; a 0-d tensor counts as
 ``[1]``), and ``getAnchoredTensor`` returns that buffer. An anchor without an output mode takes
 the model's (``Options.outputMode``) when the model is wrapped. The values anchored here
-(``Gradient___<param>``, ``UpdatedVar___<param>``, ``finalLossScale``) are made once per
-optimizer step, so one call of ``deviceIterations(DI)`` has DI of them, joined as outputs are:
+(``Gradient___<param>``, ``UpdatedVar___<param>``, ``finalLossScale``, and a weight or buffer
+of the model by its own name, e.g. a BatchNorm's ``running_mean``) are made once per optimizer
+step (inference: once per device iteration, the model's tensors as the call leaves them), so
+one call of ``deviceIterations(DI)`` has DI of them, joined as outputs are:
 
     mode        returned (a value of shape S per device iteration)
     All         the DI values joined on dim 0: S[0]·DI (0-d: [DI]); a bias of 10, DI 3: (30,)
@@ -139,14 +141,32 @@ class AnchorCollector:
         self._anchors = anchors
         self._steps: list[dict[str, torch.Tensor]] = []
 
+    @property
+    def long_names(self) -> set[str]:
+        """The anchored tensors' names."""
+        return {anchor.long_name for anchor in self._anchors}
+
+    def take(
+        self, values: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """Keep one step's values: ``values`` (made by the step) and a host copy of each of
+        the model's ``tensors`` (weights and buffers, by name) as they are now."""
+        kept = dict(values)
+        for name, tensor in (tensors or {}).items():
+            kept[name] = tensor.detach().to("cpu", copy=True)
+        self._steps.append(kept)
+
     def stepping(
-        self, step: Callable[[], None], values: dict[str, torch.Tensor]
+        self,
+        step: Callable[[], None],
+        values: dict[str, torch.Tensor],
+        tensors: dict[str, torch.Tensor] | None = None,
     ) -> Callable[[], None]:
-        """``step``, then a copy of ``values`` (the latest value of each anchored name) kept."""
+        """``step``, then ``take(values, tensors)``: the latest value of each anchored name."""
 
         def step_and_take() -> None:
             step()
-            self._steps.append(dict(values))
+            self.take(values, tensors)
 
         return step_and_take
 

@@ -94,10 +94,13 @@ class Executable:
         )
         trainer = self.trainer
         step = trainer.step if trainer else None
-        anchors = None
-        if trainer is not None and step is not None and options.anchored_tensors:
+        anchors, model_tensors = None, {}
+        if options.anchored_tensors:
             anchors = AnchorCollector(anchors_of(options, self.layout.device_iterations))
-            step = anchors.stepping(step, trainer.anchors)
+            wanted = anchors.long_names
+            model_tensors = {n: t for n, _, t in self.device.pairs if n in wanted}
+            if trainer is not None and step is not None:
+                step = anchors.stepping(step, trainer.anchors, model_tensors)
         start = time.perf_counter()
         lay = self.layout
         streams = self.rng.streams(
@@ -120,6 +123,9 @@ class Executable:
         if trainer is not None:
             trainer.finish_run()
         if anchors is not None:
+            if trainer is None:  # inference: the model's tensors, once per device iteration
+                for _ in range(lay.device_iterations):
+                    anchors.take({}, model_tensors)
             self.anchored.update(anchors.result())
         perf = PerfRecord(
             start=start,

@@ -83,7 +83,8 @@ class BatchingSetters(OptionsDict):
         output_mode: OutputMode | None = None,
         output_return_period: int = 1,
     ) -> None:
-        """Return tensor ``long_name`` (``Gradient___<param>``, ``UpdatedVar___<param>``).
+        """Return tensor ``long_name`` (``Gradient___<param>``, ``UpdatedVar___<param>``, or a
+        weight or buffer of the model by its name, e.g. ``running_mean``).
 
         Read it after each call with ``model.getAnchoredTensor(short_name)``: the values of the
         call's device iterations joined per ``output_mode`` (default: the model's output mode)
