@@ -147,14 +147,18 @@ class AnchorCollector:
         return {anchor.long_name for anchor in self._anchors}
 
     def take(
-        self, values: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor] | None = None
+        self,
+        values: dict[str, torch.Tensor],
+        tensors: dict[str, torch.Tensor] | None = None,
+        steps: int = 1,
     ) -> None:
-        """Keep one step's values: ``values`` (made by the step) and a host copy of each of
-        the model's ``tensors`` (weights and buffers, by name) as they are now."""
+        """Keep ``steps`` steps' values, all the same: ``values`` (made by the step) and a host
+        copy of each of the model's ``tensors`` (weights and buffers, by name) as they are now
+        (copied once, however many steps)."""
         kept = dict(values)
         for name, tensor in (tensors or {}).items():
             kept[name] = tensor.detach().to("cpu", copy=True)
-        self._steps.append(kept)
+        self._steps.extend([kept] * steps)
 
     def stepping(
         self,

@@ -124,8 +124,7 @@ class Executable:
             trainer.finish_run()
         if anchors is not None:
             if trainer is None:  # inference: the model's tensors, once per device iteration
-                for _ in range(lay.device_iterations):
-                    anchors.take({}, model_tensors)
+                anchors.take({}, model_tensors, steps=lay.device_iterations)
             self.anchored.update(anchors.result())
         perf = PerfRecord(
             start=start,
