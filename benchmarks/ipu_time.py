@@ -19,10 +19,10 @@ The configurations are those of ``benchmarks/published`` (built on the meta devi
 audited runs had them: BERT-Large [3,7,7,7] with the embedding and heads on IPU 0, 4 replicas,
 micro-batch 2, GA 192, FP16, LAMB off chip with RTS, a checkpoint after every layer and
 PopTorch's pipeline recomputation; ResNet-50 v1.5 on 16 replicas, micro-batch 20, GA 6 and 10,
-FP16, SGD with a combined accumulator, RecomputeAll with Graphcore's checkpoints; the validation
-rows as ``VALIDATION`` lists them). A BERT sample is a pack: sequences per second = packs per
-second × the mean sequences per pack that the project's SPFHP gives on the Wikipedia length
-histogram (at most 3 per pack).
+FP16 from 8-bit images, SGD with a combined accumulator, RecomputeAll with Graphcore's
+checkpoints; the validation rows as ``VALIDATION`` lists them). A BERT sample is a pack:
+sequences per second = packs per second × the mean sequences per pack that the project's SPFHP
+gives on the Wikipedia length histogram (at most 3 per pack).
 
 ``--cost`` measures what the time estimate adds to a compile, for the models of
 ``benchmarks/models.py`` (its FULL sizes, pipelined training): the op counting in the shared

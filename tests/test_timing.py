@@ -486,3 +486,22 @@ def test_a_bert_cut_between_attention_and_feed_forward_pipelines_each_group() ->
     assert [ipu for _, ipu, _ in analysis.stages] == [0, 1, 2, 0]
     assert poptorch.time_report(model).pipeline_cycles == ga + 2 * (4 - 1)
     model.destroy()
+
+
+def test_the_resnet_rows_send_8_bit_images_and_normalise_them_on_the_ipu() -> None:
+    pytest.importorskip("torchvision")
+    published = _published()
+    # MLPerf ResNet-50 configs set eight_bit_io: the host sends uint8 pixels, 1 byte each
+    config = published.resnet50("test", 1.0, 2, replicas=1, micro_batch=3)
+    model = published.compile_published(config)
+    analysis = model._executable.analysis
+    assert analysis.host_input_bytes == 3 * (3 * 224 * 224 * 1 + 8)  # images + int64 labels
+    model.destroy()
+    net, seen = published.ResNetTraining().eval(), []
+    net.net.conv1.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    pixels = torch.randint(0, 256, (1, 3, 32, 32), dtype=torch.uint8)
+    with torch.no_grad():
+        net(pixels, torch.tensor([0]))
+    mean = torch.tensor(published.IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(published.IMAGENET_STD).view(3, 1, 1)
+    assert torch.allclose(seen[0][0], (pixels[0] / 255.0 - mean) / std, atol=1e-6)

@@ -24,7 +24,7 @@ superstep_cycles       set to 1000: cycles each costing op adds for its BSP supe
 
 benchmarks/RESULTS.md has the fit and the errors, and the errors on eight more MLPerf rows the
 parameters were never fitted on (``VALIDATION`` in ``benchmarks/published``: IPU-POD64 Mk2 and
-Bow Pod16 / Pod64; mean 8.4%, one row over 20%).
+Bow Pod16 / Pod64; mean 8.5%, one row over 20%).
 """
 
 from __future__ import annotations
