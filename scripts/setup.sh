@@ -34,11 +34,10 @@ step() {
     echo "setup: $name done in $((SECONDS - start)) s"
 }
 
-# The values pip is configured with for one option (its configuration files and PIP_* variables),
+# The values of one option in pip's configuration ($pip_config: its files and PIP_* variables),
 # one per line: uv reads neither, so they are handed to it.
 pip_option() {
-    .venv/bin/python -m pip config list 2>/dev/null | sed -n "s/^[^ ]*\.$1='\(.*\)'\$/\1/p" |
-        tr ' ' '\n' | awk 'NF && !seen[$0]++'
+    sed -n "s/^[^ ]*\.$1='\(.*\)'\$/\1/p" <<<"$pip_config" | tr ' ' '\n' | awk 'NF && !seen[$0]++'
 }
 
 # uv unpacks and links the wheels in parallel where pip takes one file at a time: torch's CUDA
@@ -48,12 +47,13 @@ pip_option() {
 # across them, pip's constraints. Where uv cannot be installed, pip does the work.
 install_requirements() {
     if .venv/bin/python -m pip install -q uv==0.13.9; then
-        local args=(--python .venv/bin/python --index-strategy unsafe-best-match)
-        local value
-        for value in $(pip_option index-url); do args+=(--index-url "$value"); done
-        for value in $(pip_option extra-index-url); do args+=(--extra-index-url "$value"); done
-        for value in $(pip_option find-links); do args+=(--find-links "$value"); done
-        for value in $(pip_option constraint); do args+=(--constraint "$value"); done
+        local pip_config args=(--python .venv/bin/python --index-strategy unsafe-best-match)
+        pip_config=$(.venv/bin/python -m pip config list 2>/dev/null)
+        local option value
+        # uv's options of these names take what pip's do.
+        for option in index-url extra-index-url find-links constraint; do
+            for value in $(pip_option "$option"); do args+=("--$option" "$value"); done
+        done
         # No byte-compiling of the 11,000 files of torch, transformers and the rest (about 45
         # CPU seconds): Python compiles the modules a program imports, once, when it first
         # imports them. uv does not byte-compile unless asked.
