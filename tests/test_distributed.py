@@ -229,14 +229,25 @@ print(sorted(n for n in names if "gloo" in n))
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="lists threads in /proc")
 def test_destroying_the_group_joins_its_threads() -> None:
     """See [Note: the world group outlives destroy_process_group] in distributed/group.py."""
-    left = {}
-    for joined_by in ("poptorch_sim", "torch"):
-        env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
-                   WORLD_SIZE="1")  # fmt: skip
-        proc = subprocess.run([sys.executable, "-c", _GROUP_THREADS, joined_by], env=env,
-                              capture_output=True, text=True, timeout=CHILD_TIMEOUT)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        left[joined_by] = proc.stdout.strip().splitlines()[-1]
+    procs = {}
+    try:
+        for joined_by in ("poptorch_sim", "torch"):  # both at once: each waits on its imports
+            env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
+                       WORLD_SIZE="1")  # fmt: skip
+            procs[joined_by] = subprocess.Popen(
+                [sys.executable, "-c", _GROUP_THREADS, joined_by], env=env, text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )  # fmt: skip
+        left = {}
+        for joined_by, proc in procs.items():
+            out, err = proc.communicate(timeout=CHILD_TIMEOUT)
+            assert proc.returncode == 0, err[-3000:]
+            left[joined_by] = out.strip().splitlines()[-1]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert left["poptorch_sim"] == "[]", left
     # The torch behaviour the note works around: joined before the import, the threads stay.
     assert "pt_gloo_runloop" in left["torch"], left
