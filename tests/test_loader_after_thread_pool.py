@@ -87,7 +87,7 @@ def test_async_loader_after_a_busy_thread_pool_equals_torch(
 ) -> None:
     stdout, stderr, hung = reproduction
     lines = [
-        line.split(maxsplit=1)[1] for line in stdout.splitlines() if line.split()[0] == strategy
+        line.split(maxsplit=1)[1] for line in stdout.splitlines() if line.split()[:1] == [strategy]
     ]
     if hung and lines[-1:] != ["AsyncRebatched ok"]:
         started = [line for line in stdout.splitlines() if line.endswith("started")]
