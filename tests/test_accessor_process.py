@@ -8,38 +8,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
-import torch
+from loader_data import BreaksAtTwo, Pids
 
 from poptorch_sim.data import AsynchronousDataAccessor
-
-
-class Unpicklable(Exception):
-    """An exception that cannot cross to the parent process (it holds a lock)."""
-
-    def __init__(self) -> None:
-        super().__init__("the shard reader broke")
-        self.lock = threading.Lock()
-
-
-class BreaksAtTwo:
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        yield torch.tensor([0])
-        yield torch.tensor([1])
-        raise Unpicklable()
-
-
-class Pids(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __len__(self) -> int:
-        return 4
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if i >= len(self):
-            raise IndexError(i)  # iter() over a map-style dataset stops here
-        return torch.tensor([os.getpid(), i])
 
 
 def test_batches_are_loaded_in_another_process_and_match_eager() -> None:

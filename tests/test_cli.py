@@ -2,39 +2,31 @@
 
 Each command runs as ``python -m`` in its feature's tests: ``python -m poptorch_sim`` in
 ``test_api.py``, ``.shard`` in ``test_sharding.py``, ``.poprun`` in ``test_distributed.py``,
-``.memory`` in ``test_memory.py``; ``.datasets`` here.
+``.memory`` in ``test_memory.py``; ``.datasets`` here, in this process, found and run as
+``python -m`` finds and runs it (``runpy``).
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-import subprocess
+import runpy
 import sys
-from pathlib import Path
 
 import pytest
 
 import poptorch_sim
 
-REPO = Path(__file__).resolve().parent.parent
 
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=120, env=env
-    )
-
-
-def test_datasets_command_answers_at_its_documented_path() -> None:
+def test_datasets_command_answers_at_its_documented_path(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # The other commands run as subprocesses in their features' tests.
-    proc = _run("-m", "poptorch_sim.datasets", "--help")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "python -m poptorch_sim.datasets" in proc.stdout
+    monkeypatch.setattr(sys, "argv", ["-m", "--help"])
+    monkeypatch.delitem(sys.modules, "poptorch_sim.datasets.__main__", raising=False)
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("poptorch_sim.datasets", run_name="__main__", alter_sys=True)
+    assert done.value.code == 0
+    assert "python -m poptorch_sim.datasets" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name", ["_impl", "_logging", "poptorch_core"])

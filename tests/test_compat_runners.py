@@ -121,7 +121,10 @@ def test_a_frame_of_another_poptorch_sim_checkout_is_not_this_projects() -> None
 
 
 # -- the garden's process runner --------------------------------------------------------------
-def test_the_runner_stops_a_command_once_it_has_logged_enough_steps(tmp_path: Path) -> None:
+def test_the_runner_stops_a_command_once_it_has_logged_enough_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(garden_process, "POLL_S", 0.1)  # the log is read every 5 s otherwise
     script = "import time\nfor i in range(1000):\n    print(f'Step: {i}', flush=True)\n"
     script += "    time.sleep(0.05)\n"
     log = tmp_path / "train.log"
@@ -134,11 +137,11 @@ def test_the_runner_stops_a_command_once_it_has_logged_enough_steps(tmp_path: Pa
 
 def test_the_runner_marks_a_command_that_ran_out_of_time(tmp_path: Path) -> None:
     log = tmp_path / "hang.log"
-    cmd = [
-        sys.executable,
-        "-c",
-        "import time; print('Loading the data', flush=True); time.sleep(600)",
-    ]
+    # Ctrl-C ends it even where the test runs with SIGINT ignored (a child inherits that, and
+    # the runner would then wait out its 60 s grace before killing it).
+    script = "import signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    script += "print('Loading the data', flush=True)\ntime.sleep(600)\n"
+    cmd = [sys.executable, "-c", script]
     rc = garden_process.run(cmd, tmp_path, log, 1, {})
     assert rc == garden_process.TIMED_OUT_RC
     assert garden_classify.classify(log.read_text(), PROJECT) == "poptorch_sim"

@@ -4,79 +4,14 @@ sampler, padded by the collate function, combined over device iterations."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+from loader_data import BATCH, GrowingBatches, PadTo, Pair, Rows
 
 import poptorch_sim as poptorch
 from poptorch_sim.enums import DataLoaderMode
-
-BATCH = 4  # the sampler's largest batch, which the collate function pads every batch to
-
-
-class Pair:
-    """A user's batch type: two tensors as attributes."""
-
-    def __init__(self, data: torch.Tensor, label: torch.Tensor) -> None:
-        self.data = data
-        self.label = label
-
-
-class PairParser(poptorch.ICustomArgParser):
-    def yieldTensors(self, struct: Pair) -> Iterator[torch.Tensor]:
-        yield struct.data
-        yield struct.label
-
-    def reconstruct(
-        self, original_structure: Pair, tensor_iterator: Iterator[torch.Tensor]
-    ) -> Pair:
-        return type(original_structure)(*tensor_iterator)
-
-
-poptorch.registerCustomArgParser(Pair, PairParser())
-
-
-class Rows(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """Element i: a (2, 1) tensor of i and the label i."""
-
-    def __len__(self) -> int:
-        return 37
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.full((2, 1), float(i)), torch.tensor([i])
-
-
-class GrowingBatches(torch.utils.data.Sampler):  # type: ignore[type-arg]
-    """Batches of 1, 2, ..., BATCH indices, then 1, 2, ... again, in order."""
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-        self.batch_size = BATCH
-
-    def __iter__(self) -> Iterator[list[int]]:
-        start, size = 0, 1
-        while start < self.length:
-            yield list(range(start, min(start + size, self.length)))
-            start += size
-            size = size % BATCH + 1
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-class PadTo:
-    """Stacks a batch padded with zeros to ``BATCH`` rows, as ``Pair`` or as a tuple."""
-
-    def __init__(self, as_pair: bool) -> None:
-        self.as_pair = as_pair
-
-    def __call__(self, items: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-        pad = BATCH - len(items)
-        data = torch.stack([d for d, _ in items] + [torch.zeros(2, 1)] * pad)
-        label = torch.stack([lb for _, lb in items] + [torch.zeros(1, dtype=torch.long)] * pad)
-        return Pair(data, label) if self.as_pair else (data, label)
 
 
 def fields(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:

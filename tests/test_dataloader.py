@@ -11,6 +11,13 @@ from typing import Any
 
 import pytest
 import torch
+from loader_data import (
+    CountingDataset,
+    CountingIterable,
+    DictDataset,
+    FailingDataset,
+    SecondEpochFails,
+)
 
 from poptorch_sim.data import AsynchronousDataAccessor, DataLoader, workers
 from poptorch_sim.data.process_block import process_block
@@ -43,40 +50,6 @@ def make_options(di: int = 1, ga: int = 1, r: int = 1, g: int = 1, **distributed
 
 def tensor_dataset(n: int) -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(torch.arange(n * 2.0).reshape(n, 2), torch.arange(n))
-
-
-class DictDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"x": torch.full((2,), float(i)), "label": torch.tensor(i)}
-
-
-class FailingDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """Raises ValueError for every index >= ``fail_at``."""
-
-    def __init__(self, n: int, fail_at: int) -> None:
-        self.n, self.fail_at = n, fail_at
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if i >= self.fail_at:
-            raise ValueError(f"cannot load item {i}")
-        return torch.tensor([i])
-
-
-class CountingIterable(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(torch.arange(self.n))
 
 
 def collect(loader: Any, epochs: int = 1) -> list[list[Any]]:
@@ -369,18 +342,6 @@ def test_async_dict_batches_and_stopping_part_way() -> None:
         loader.terminate()
 
 
-class CountingDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __init__(self, n: int) -> None:
-        self.n, self.loads = n, 0
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        self.loads += 1
-        return torch.tensor([i])
-
-
 def test_stopping_part_way_abandons_the_rest_of_the_epoch() -> None:
     data = CountingDataset(200)
     loader = DataLoader(make_options(), data, mode=Async, async_options={"buffer_size": 2})
@@ -489,19 +450,6 @@ def test_dataset_failing_at_start(num_workers: int) -> None:
         within(30, lambda: AsynchronousDataAccessor(loader))
     assert isinstance(info.value.__cause__, ValueError)
     assert "cannot load item 0" in str(info.value.__cause__)
-
-
-class SecondEpochFails:
-    """An iterable whose second ``iter()`` raises."""
-
-    def __init__(self) -> None:
-        self.epochs = 0
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        self.epochs += 1
-        if self.epochs == 2:
-            raise OSError("the shard for epoch 2 is missing")
-        return iter([torch.tensor([0]), torch.tensor([1])])
 
 
 @pytest.mark.parametrize("load_indefinitely", [True, False], ids=["indefinitely", "on-demand"])

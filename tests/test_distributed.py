@@ -62,7 +62,12 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One launch of 2 instances: the training runs, then the tutorial (output tagged)."""
     out = tmp_path_factory.mktemp("instances")
     data = out / "mnist"
-    write_standin(data, num_train=512, num_test=256, variants=2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same bytes; see test_datasets.py's one_thread
+    try:
+        write_standin(data, num_train=512, num_test=256, variants=2)
+    finally:
+        torch.set_num_threads(threads)
     proc = _poprun(
         "--num-instances", "2", "--num-replicas", "4", "--ipus-per-replica", "2",
         "--tag-output", str(PROGRAM), "train", str(out), str(data), cwd=out,
@@ -229,14 +234,25 @@ print(sorted(n for n in names if "gloo" in n))
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="lists threads in /proc")
 def test_destroying_the_group_joins_its_threads() -> None:
     """See [Note: the world group outlives destroy_process_group] in distributed/group.py."""
-    left = {}
-    for joined_by in ("poptorch_sim", "torch"):
-        env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
-                   WORLD_SIZE="1")  # fmt: skip
-        proc = subprocess.run([sys.executable, "-c", _GROUP_THREADS, joined_by], env=env,
-                              capture_output=True, text=True, timeout=CHILD_TIMEOUT)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        left[joined_by] = proc.stdout.strip().splitlines()[-1]
+    procs = {}
+    try:
+        for joined_by in ("poptorch_sim", "torch"):  # both at once: each waits on its imports
+            env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
+                       WORLD_SIZE="1")  # fmt: skip
+            procs[joined_by] = subprocess.Popen(
+                [sys.executable, "-c", _GROUP_THREADS, joined_by], env=env, text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )  # fmt: skip
+        left = {}
+        for joined_by, proc in procs.items():
+            out, err = proc.communicate(timeout=CHILD_TIMEOUT)
+            assert proc.returncode == 0, err[-3000:]
+            left[joined_by] = out.strip().splitlines()[-1]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert left["poptorch_sim"] == "[]", left
     # The torch behaviour the note works around: joined before the import, the threads stay.
     assert "pt_gloo_runloop" in left["torch"], left

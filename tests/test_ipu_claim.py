@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import poptorch
+from poptorch_sim import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,6 +96,7 @@ def test_another_process_holding_the_ipu(monkeypatch: pytest.MonkeyPatch) -> Non
             poptorch.inferenceModel(model, _opts(11)).compile(x)
         # POPTORCH_WAIT_FOR_IPU=1: wait for the holder instead of failing.
         monkeypatch.setenv("POPTORCH_WAIT_FOR_IPU", "1")
+        monkeypatch.setattr(hardware, "_WAIT_S", 0.05)  # retries every 0.5 s otherwise
         assert holder.stdin is not None
         stdin = holder.stdin
 
@@ -102,7 +104,7 @@ def test_another_process_holding_the_ipu(monkeypatch: pytest.MonkeyPatch) -> Non
             stdin.write("\n")
             stdin.flush()
 
-        timer = threading.Timer(1.0, let_go)  # the holder detaches while we wait
+        timer = threading.Timer(0.5, let_go)  # the holder detaches while we wait
         timer.start()
         waiting = poptorch.inferenceModel(model, _opts(11))
         torch.testing.assert_close(waiting(x), model(x))

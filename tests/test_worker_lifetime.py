@@ -9,7 +9,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -17,8 +19,10 @@ from poptorch_sim.data import ring
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The owner: a loader whose worker is stuck inside the dataset (sleeping in __getitem__), in
-# Python or in C with the interpreter lock held (a ctypes.PyDLL call keeps it).
+# The owner: two loaders whose workers are stuck inside the dataset (sleeping in __getitem__),
+# one in Python and one in C with the interpreter lock held (a ctypes.PyDLL call keeps it).
+# Each worker's end is checked on its own.
+STUCK = ["in-python", "holding-the-lock"]
 OWNER = textwrap.dedent(
     """
     import ctypes, sys, time
@@ -27,11 +31,14 @@ OWNER = textwrap.dedent(
 
 
     class Stuck(torch.utils.data.Dataset):
+        def __init__(self, how):
+            self.how = how
+
         def __len__(self):
             return 8
 
         def __getitem__(self, i):
-            if i > 0 and sys.argv[2] == "holding-the-lock":
+            if i > 0 and self.how == "holding-the-lock":
                 ctypes.PyDLL(None).sleep(3600)
             elif i > 0:
                 time.sleep(3600)
@@ -40,10 +47,12 @@ OWNER = textwrap.dedent(
 
     if __name__ == "__main__":
         strategy = poptorch.SharingStrategy[sys.argv[1]]
-        accessor = poptorch.AsynchronousDataAccessor(
-            Stuck(), sharing_strategy=strategy, early_preload=True
-        )
-        print(accessor._worker._process.pid, flush=True)
+        kept = []
+        for how in sys.argv[2:]:
+            kept.append(poptorch.AsynchronousDataAccessor(
+                Stuck(how), sharing_strategy=strategy, early_preload=True
+            ))
+            print(how, kept[-1]._worker._process.pid, kept[-1]._worker._ring, flush=True)
         time.sleep(3600)
     """
 )
@@ -58,34 +67,71 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("stuck", ["in-python", "holding-the-lock"])
-@pytest.mark.parametrize("strategy", ["ForkServer", "Fork"])
-def test_killing_the_owner_ends_a_stuck_worker_and_leaves_no_ring(
-    strategy: str, stuck: str, tmp_path: Path
-) -> None:
-    script = tmp_path / "owner.py"
+class Ended(NamedTuple):
+    """What became of one stuck worker once its owner was killed."""
+
+    pid: int
+    ran_before: bool  # it was running before the owner was killed
+    outlived: bool  # still running 30 s after the owner's death
+    rings: list[str]  # its ring's files left
+
+
+def _kill_owner(strategy: str, folder: Path) -> dict[str, Ended]:
+    script = folder / "owner.py"
     script.write_text(OWNER)
     owner = subprocess.Popen(
-        [sys.executable, str(script), strategy, stuck],
+        [sys.executable, str(script), strategy, *STUCK],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
         text=True,
     )
+    workers: dict[str, tuple[int, str, bool]] = {}
     try:
-        worker = int(owner.stdout.readline())  # type: ignore[union-attr]
-        assert _running(worker)
+        for _ in STUCK:
+            how, pid, ring_name = owner.stdout.readline().split()  # type: ignore[union-attr]
+            workers[how] = (int(pid), ring_name, _running(int(pid)))
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(30)
         deadline = time.monotonic() + 30
-        while _running(worker) and time.monotonic() < deadline:
+        while any(_running(w[0]) for w in workers.values()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _running(worker), f"worker {worker} outlived its owner"
-        assert ring.ring_files(owner.pid) == []
+        left = ring.ring_files(owner.pid)
+        return {
+            how: Ended(pid, ran, _running(pid), [f for f in left if f"{ring_name}-" in f])
+            for how, (pid, ring_name, ran) in workers.items()
+        }
     finally:
         owner.kill()
         owner.wait()
+        for pid, _, _ in workers.values():
+            if _running(pid):  # a worker that outlived its owner: the test has failed
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def killed_owners(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, Ended]]:
+    """``killed_owners(strategy)``: each stuck worker's end, one owner per strategy."""
+    done: dict[str, dict[str, Ended]] = {}
+
+    def get(strategy: str) -> dict[str, Ended]:
+        if strategy not in done:
+            done[strategy] = _kill_owner(strategy, tmp_path_factory.mktemp(strategy))
+        return done[strategy]
+
+    return get
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("stuck", STUCK)
+@pytest.mark.parametrize("strategy", ["ForkServer", "Fork"])
+def test_killing_the_owner_ends_a_stuck_worker_and_leaves_no_ring(
+    strategy: str, stuck: str, killed_owners: Callable[[str], dict[str, Ended]]
+) -> None:
+    worker = killed_owners(strategy)[stuck]
+    assert worker.ran_before
+    assert not worker.outlived, f"worker {worker.pid} outlived its owner"
+    assert worker.rings == []
 
 
 def test_rings_of_dead_owners_are_removed_by_the_next_ring(tmp_path: Path) -> None:

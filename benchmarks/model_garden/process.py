@@ -15,6 +15,7 @@ __all__ = ["STOPPED", "TIMED_OUT_RC", "run"]
 
 TIMED_OUT_RC = -9  # what ``run`` returns for a command stopped at its time limit
 STOPPED = -2  # what ``run`` returns for a command the runner stopped once it had done enough
+POLL_S = 5.0  # how often the runner looks at the command's log and its time limit
 
 
 def _end(proc: subprocess.Popen, first: int = signal.SIGINT, grace: float = 60.0) -> None:
@@ -63,7 +64,7 @@ def run(
         )
         while True:
             try:
-                return proc.wait(timeout=min(5.0, max(0.0, deadline - time.monotonic())))
+                return proc.wait(timeout=min(POLL_S, max(0.0, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
                 pass
             if pattern is not None and stop_after and _count(log, pattern) >= stop_after[1]:
