@@ -2,9 +2,10 @@
 
 Rows: ``benchmarks/models.py``'s BERT and GPT-2, pipelined, training and inference (its sizes,
 ``--quick`` its tiny ones), and a 2-stage training pipeline whose stages sleep (10 ms per
-forward, 20 per backward, 16 micro-batches: ``benchmarks/pipeline.py``'s waiting stages) beside
-its sharded twin. Every program runs with the default way of sharing the cores (the trials of
-[Note: cores follow the work] and [Note: trials that cost a fraction of a call]).
+forward, 20 per backward, ``--quick`` 2 and 4; 16 micro-batches: ``benchmarks/pipeline.py``'s
+waiting stages) beside its sharded twin. Every program runs with the default way of sharing
+the cores (the trials of [Note: cores follow the work] and [Note: trials that cost a fraction
+of a call]).
 
 Each row prints call 1 (which compiles) in seconds, calls 2-12 in ms, the steady call (the
 median of calls 2-12), and ``max/steady``: the slowest of calls 2-12 over the steady call (the
@@ -73,10 +74,10 @@ def model_row(name: str, quick: bool, training: bool, calls: int) -> None:
     print_row(f"{case.name} {'train' if training else 'infer'}", times, modes)
 
 
-def sleep_row(calls: int) -> None:
+def sleep_row(calls: int, wait_s: float = WAIT_S) -> None:
     data = pipeline.batches(SLEEP_MB, 4, 16)
     runtimes = {
-        key: PipelineRuntime(pipeline.build(2, 16, 1, key == "sharded", WAIT_S), training=True)
+        key: PipelineRuntime(pipeline.build(2, 16, 1, key == "sharded", wait_s), training=True)
         for key in ("pipelined", "sharded")
     }
     try:
@@ -106,7 +107,9 @@ def print_row(label: str, times: list[float], modes: str, extra: str = "") -> No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="models.py's tiny sizes")
+    parser.add_argument(
+        "--quick", action="store_true", help="models.py's tiny sizes, stages that sleep 2 ms"
+    )
     parser.add_argument("--only", default="bert,gpt2,sleep", help="of bert, gpt2, sleep")
     parser.add_argument("--kinds", default="train,infer")
     parser.add_argument("--calls", type=int, default=12)
@@ -116,7 +119,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name in args.only.split(","):
         if name == "sleep":
-            sleep_row(args.calls)
+            sleep_row(args.calls, WAIT_S / 5 if args.quick else WAIT_S)
             continue
         for kind in args.kinds.split(","):
             model_row(name, args.quick, kind == "train", args.calls)

@@ -71,10 +71,10 @@ def beside_a_model(model: nn.Module, x: torch.Tensor, micro: int, repeats: int) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one round, width 128")
+    parser.add_argument("--quick", action="store_true", help="one round, width 128, one repeat")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    width, micro, repeats = (128, 16, 3) if args.quick else (512, 64, 9)
+    width, micro, repeats = (128, 16, 1) if args.quick else (512, 64, 9)
     rounds = 1 if args.quick else args.rounds
     torch.manual_seed(0)
     model = Layers(width).eval()

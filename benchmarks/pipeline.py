@@ -227,7 +227,9 @@ def measure(args: argparse.Namespace) -> list[dict[str, float]]:
                 row: dict[str, float] = dict(interleaved_medians(runners, args.repeats))
             # Measured right after the row: a row taken while other work held a core shows a
             # ceiling well under the quiet machine's ~1.8x, and its ratios mean little.
-            row |= dict(n=n, m=m, ideal=n * m / (m + n - 1), ceiling=parallel_ceiling())
+            row |= dict(
+                n=n, m=m, ideal=n * m / (m + n - 1), ceiling=parallel_ceiling(matmuls=args.matmuls)
+            )
             rows.append(row)
             print_row(row, args.mb)
     return rows
@@ -365,7 +367,7 @@ def measure_inference(args: argparse.Namespace) -> None:
                 "plain1": plain_inference_runner(model, x, m, 1),
             }
             row = interleaved_medians(runners, args.repeats)
-            ceiling, ideal = parallel_ceiling(), n * m / (m + n - 1)
+            ceiling, ideal = parallel_ceiling(matmuls=args.matmuls), n * m / (m + n - 1)
             speedup = row["shard"] / row["piped"]
             times = " ".join(
                 f"{row[k] * 1e3:{w}.1f}"
@@ -445,33 +447,35 @@ def main() -> None:
         "--only", choices=("training", "inference"), help="run only the training or inference rows"
     )
     args = parser.parse_args()
-    quick = args.quick
-    args.width, args.layers, args.mb = (256, 2, 32) if quick else (512, 2, 64)
-    args.repeats = 3 if quick else 5
+    quick = args.quick  # one row of each table, tiny stages, one repeat
+    args.width, args.layers, args.mb = (64, 2, 8) if quick else (512, 2, 64)
+    args.repeats = 1 if quick else 5
     args.stages = [2] if quick else [2, 4]
-    args.microbatches = [4, 8] if quick else [4, 8, 32]
-    args.stages_wait = [2, 4]
+    args.microbatches = [4] if quick else [4, 8, 32]
+    args.stages_wait = [2] if quick else [2, 4]
     args.wait_ms = 1 if quick else 2
     args.layers_inf = 3 if quick else 6
-    args.width_inf = 256 if quick else 768
-    args.microbatches_wait = [16]
-    args.wait_ms_inf = 10
+    args.width_inf = 64 if quick else 768
+    args.microbatches_wait = [4] if quick else [16]
+    args.wait_ms_inf = 2 if quick else 10
+    args.matmuls = 4 if quick else 40  # of each parallel_ceiling() thread
+    args.stage_repeats = 3 if quick else 50  # of each stage_costs() median
     print(
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, main intra-op threads "
         f"{torch.get_num_threads()}; stage = {args.layers} x Linear({args.width}) + ReLU, "
         f"mb = {args.mb}; median ms of {args.repeats} runs (fwd + bwd of M micro-batches); "
         f"plain = eager on {os.cpu_count()} intra-op threads, plain-1t = eager on one"
     )
-    print(f"parallel ceiling now: 2 threads of matmuls run {parallel_ceiling():.2f}x one thread")
+    ceiling = parallel_ceiling(matmuls=args.matmuls)
+    print(f"parallel ceiling now: 2 threads of matmuls run {ceiling:.2f}x one thread")
     if args.only != "inference":
         for n in args.stages:
-            costs = ", ".join(f"{c:.2f}" for c in stage_costs(n, args))
+            costs = ", ".join(f"{c:.2f}" for c in stage_costs(n, args, args.stage_repeats))
             print(f"N={n}: ms of fwd+bwd of one micro-batch per stage, one thread: {costs}")
         print(HEADER)
         measure(args)
-        print(
-            f"parallel ceiling now: 2 threads of matmuls run {parallel_ceiling():.2f}x one thread"
-        )
+        ceiling = parallel_ceiling(matmuls=args.matmuls)
+        print(f"parallel ceiling now: 2 threads of matmuls run {ceiling:.2f}x one thread")
         measure_waiting(args)
     if args.only != "training":
         os.environ.setdefault("POPTORCH_SIM_THREADS_PER_IPU", "1")

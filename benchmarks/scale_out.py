@@ -141,7 +141,7 @@ def main() -> None:
         worker(args)
         return
     if args.quick:
-        args.calls = 6
+        args.calls = 3
 
     print(f"MLP {args.layers} x {args.width}, mb {args.mb}, GA {args.ga}, 1 replica/instance")
     print("| instances | replicas (global) | samples/s (median call) | vs 1 instance, 1 replica |")

@@ -6,8 +6,11 @@ scripts from rotting when the code under them changes.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -24,14 +27,21 @@ BENCHMARKS = sorted(
 # against eager in tests/test_transformers_models.py and tests/test_real_models.py.
 # scale_out.py: only its samples/s table, one two-process launch (each launch starts torchrun).
 # first_calls.py: the sleeping pipeline's row (the model rows are models.py's).
-# models.py: one row (BERT, pipelined training); every row runs the same `row` function, and each
-# row compiles a transformers model (about a minute on a loaded two-core machine).
+# models.py: one row (BERT of 2 layers, one per IPU, pipelined training); every row runs the same
+# `row` function, and each row compiles a transformers model (about a minute on a loaded two-core
+# machine).
 EXTRA_ARGS = {
     "first_calls.py": ["--only", "sleep", "--calls", "4"],
-    "models.py": "--only bert --kinds train --strategies pipelined --no-model-ceilings".split(),
+    "models.py": [
+        *"--only bert --kinds train --strategies pipelined --no-model-ceilings".split(),
+        *("--layers", "2"),
+    ],
     "scale_out.py": ["--skip-sizes"],
 }
 RATIO = re.compile(r"\d+(\.\d+)?\s*[x×]|ratio[^:\n]*:\s*\d")
+# Modules the scripts import from beside themselves (``timing``, ``models``, ``published``,
+# the packing tutorial's ``packed_bert``): dropped after each run, so every run imports its own.
+LOCAL_MODULES = (REPO / "benchmarks", REPO / "tutorials")
 
 
 def test_every_benchmark_script_has_a_quick_mode() -> None:
@@ -56,16 +66,59 @@ def _run(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess
     )
 
 
+def _run_in_process(
+    script: str, args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str]:
+    """Runs benchmarks/``script`` as ``__main__`` in this process (a fresh module namespace),
+    from ``cwd`` and offline; returns its exit status and what it printed.
+
+    A subprocess would import torch again (seconds of CPU per script). What the scripts change
+    in the process is put back: the environment, ``sys.path``, the intra-op thread count and
+    torch's random state; modules they imported from ``benchmarks/`` or ``tutorials/`` are
+    dropped.
+    """
+    import torch
+
+    path = REPO / "benchmarks" / script
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", [str(path), *args])
+    monkeypatch.setattr(sys, "path", [str(path.parent), *sys.path])  # as `python script.py`
+    environ = dict(os.environ)
+    threads, rng = torch.get_num_threads(), torch.get_rng_state()
+    modules = set(sys.modules)
+    out = io.StringIO()
+    status = 0
+    try:
+        os.environ["POPTORCH_SIM_OFFLINE"] = "1"
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exit:
+        status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        torch.set_num_threads(threads)
+        torch.set_rng_state(rng)
+        for name in set(sys.modules) - modules:
+            origin = getattr(sys.modules[name], "__file__", None) or ""
+            if any(Path(origin).is_relative_to(folder) for folder in LOCAL_MODULES):
+                del sys.modules[name]
+    return status, out.getvalue()
+
+
 @pytest.mark.parametrize("script", BENCHMARKS)
-def test_quick_mode_runs_and_prints_ratios(script: str, tmp_path: Path) -> None:
-    proc = _run(script, ["--quick", *EXTRA_ARGS.get(script, [])], tmp_path)
-    assert proc.returncode == 0, (
-        f"{script} --quick exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+def test_quick_mode_runs_and_prints_ratios(
+    script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    status, stdout = _run_in_process(
+        script, ["--quick", *EXTRA_ARGS.get(script, [])], tmp_path, monkeypatch
     )
-    assert RATIO.search(proc.stdout), f"{script} --quick printed no ratio:\n{proc.stdout[-2000:]}"
+    assert status == 0, f"{script} --quick exited {status}:\n{stdout[-4000:]}"
+    assert RATIO.search(stdout), f"{script} --quick printed no ratio:\n{stdout[-2000:]}"
 
 
 def test_kernels_as_avx2_caps_poptorch_sim_torch_and_numpy(tmp_path: Path) -> None:
+    # A subprocess: --as-avx2 replaces its process (torch and numpy read their caps on import).
     proc = _run("kernels.py", ["--quick", "--only", "short", "--as-avx2"], tmp_path)
     assert proc.returncode == 0, f"kernels.py --as-avx2 exited {proc.returncode}:\n{proc.stderr}"
     libraries, cpu = proc.stdout.splitlines()[:2]
