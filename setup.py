@@ -23,9 +23,9 @@ from setuptools import find_packages, setup
 #   sort/topk.cpp              10.4 -> 5.1      the other 4 files           4.9 -> 4.5
 #   sort/nms.cpp                9.9 -> 4.6
 #   engine/streams.cpp          9.6 -> 3.2      total                     195.2 -> 143.0
-# The whole cold build (`rm -rf build poptorch_sim/_C*.so; /usr/bin/time -v python setup.py -q
-# build_ext --inplace`), the same machine and day: 248 -> 145-152 CPU seconds (user + sys); its
-# wall time there, 264 -> 283-314 s, measured the other builds (load 6-10).
+# The whole cold build (`rm -rf build poptorch_sim/_C*.so; /usr/bin/time python setup.py -q
+# build_ext --inplace`, ninja's default 3 jobs), the same machine and day, the two trees in
+# turn, twice (load 3-4): 95 and 99 -> 77 and 83 s wall, 185 and 192 -> 150 and 161 CPU s.
 # Parsing headers alone: torch's pybind11 casters 8-9 s (<torch/extension.h>: about 30 s),
 # <torch/library.h> 5.3-5.9 s, <ATen/core/Tensor.h> 2.3 s, which with <ATen/ops/empty.h> (or
 # any operator's header) takes 4.7 s, with <ATen/WrapDimUtils.h> 3.6 s, with <ATen/Parallel.h>
