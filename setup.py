@@ -10,42 +10,56 @@ from setuptools import find_packages, setup
 # [Note: build time]
 # A cold build of the extension is the compiler's work on 21 files. CPU seconds (user + sys) of
 # each compiled alone with build.ninja's command (`/usr/bin/time -f %U+%S c++ <cflags> -c FILE
-# <post_cflags>`), 2-vCPU Intel Xeon (AVX-512), GCC 12.2, shared (load 6-10), 2026-11-28, at
-# 850aa4f -> 268cb8d (the network out of line, lighter torch headers; files whose source did
-# not change moved by up to 15%: the machine's noise):
-#   sort/bitonic_8_lanes.cpp  104.5 -> 28.2     optim/optimizer.cpp       14.9 -> 12.4
-#   sort/bitonic_avx512.cpp    56.7 -> 19.4     engine/worker_memory.cpp  13.6 -> 11.0
-#   sort/bitonic_avx2.cpp      47.4 -> 18.9     module.cpp                13.6 -> 12.3
-#   sort/bitonic_base.cpp      35.4 -> 13.7     optim/optimizer_tiles.cpp 12.8 -> 11.8
-#   sort/sort.cpp              21.9 -> 19.9     engine/output_cache.cpp   10.9 -> 3.3
-#   sort/topk.cpp              16.2 -> 15.4     sort/bitonic.cpp           6.6 -> 6.1
-#   optim/offload.cpp          15.8 -> 11.2     engine/tile_engine.cpp     1.8 -> 2.3
-#   sort/nms.cpp               15.5 -> 12.8     sort/scatter_sort.cpp      1.5 -> 1.5
-#   optim/accumulate.cpp       15.2 -> 9.1      common/simd.cpp            1.4 -> 1.7
-#   engine/library.cpp         15.1 -> 9.6      sort/radix.cpp             1.4 -> 1.1
-#   engine/streams.cpp         15.0 -> 11.6     total                    437.2 -> 243.3
-# Parsing headers alone: <ATen/ATen.h> 9.0 s, <torch/library.h> 5.7 s, both 11.2 s,
-# <ATen/core/Tensor.h> 2.2 s, torch's pybind11 casters 8.8 s (<torch/extension.h>: about 30 s).
+# <post_cflags>`, two at a time), 2-vCPU Intel Xeon (AVX-512) VM, GCC 12.2, shared (load 5-8),
+# 2026-11-28, at 4691d3d -> 7ac659a (every op registered in library.cpp; files whose source did
+# not change moved by up to 12%: the machine's noise):
+#   sort/bitonic_8_lanes.cpp   27.3 -> 24.2     optim/optimizer.cpp         9.3 -> 3.3
+#   sort/bitonic_avx512.cpp    17.8 -> 17.1     engine/library.cpp          8.0 -> 9.2 (library.cpp)
+#   sort/bitonic_avx2.cpp      18.5 -> 16.4     optim/accumulate.cpp        7.5 -> 2.6
+#   sort/bitonic_base.cpp      13.2 -> 12.7     engine/worker_memory.cpp    7.5 -> 2.4
+#   optim/optimizer_tiles.cpp  10.5 -> 10.2     optim/offload.cpp           7.4 -> 2.7
+#   module.cpp                 11.0 -> 9.8      sort/bitonic.cpp            5.6 -> 5.2
+#   sort/sort.cpp              14.8 -> 8.0      engine/output_cache.cpp     2.2 -> 2.0
+#   sort/topk.cpp              10.4 -> 5.1      the other 4 files           4.9 -> 4.5
+#   sort/nms.cpp                9.9 -> 4.6
+#   engine/streams.cpp          9.6 -> 3.2      total                     195.2 -> 143.0
+# The whole cold build (`rm -rf build poptorch_sim/_C*.so; /usr/bin/time python setup.py -q
+# build_ext --inplace`, ninja's default 3 jobs), the same machine and day, the two trees in
+# turn, twice (load 3-4): 95 and 99 -> 77 and 83 s wall, 185 and 192 -> 150 and 161 CPU s.
+# Parsing headers alone: torch's pybind11 casters 8-9 s (<torch/extension.h>: about 30 s),
+# <torch/library.h> 5.3-5.9 s, <ATen/core/Tensor.h> 2.3 s, which with <ATen/ops/empty.h> (or
+# any operator's header) takes 4.7 s, with <ATen/WrapDimUtils.h> 3.6 s, with <ATen/Parallel.h>
+# or <ATen/Dispatch.h> 2.1-2.3 s.
 # So:
 # - the bitonic network is compiled once per SIMD variant, not once per dtype (see [Note: the
 #   network out of line] in sort/bitonic/variants.h): one dtype's instantiation in
 #   bitonic_avx512.cpp adds 0.4 (uint8) to 5.0 s (float64) to the file without any (3.6 s),
 #   where it added 4.4 to 10.0 s (to 1.4 s);
-# - the kernels' headers are torch-free (sort/sort.h, sort/bitonic/*, optim/optimizer_tiles.h,
-#   engine/tile_engine.h, common/simd.h: c10's scalar types and TORCH_CHECK at most), and only
-#   the files that register ops or take tensors include torch's: <ATen/core/Tensor.h> and the
-#   per-operator headers of the functions they call (<ATen/ops/empty.h>), never <ATen/ATen.h>;
-#   module.cpp includes torch's pybind11 casters, not <torch/extension.h>;
+# - library.cpp is the one file that includes <torch/library.h> and torch's operator headers:
+#   it registers every op and makes the kernels' new tensors (common/tensors.h). Each family
+#   declares its ops in its ops.h; their files include <ATen/core/Tensor.h> at most (Tensor's
+#   methods, c10::maybe_wrap_dim). The kernels' headers are torch-free (sort/sort.h,
+#   sort/bitonic/*, optim/optimizer_tiles.h, engine/tile_engine.h, common/simd.h: c10's scalar
+#   types and TORCH_CHECK at most); module.cpp includes torch's pybind11 casters, not
+#   <torch/extension.h>;
 # - ninja gets the longest files first, so that two cores finish together;
 # - scripts/setup.sh keeps each built library in a cache keyed by the sources, torch, the
 #   compiler and Python, so a fresh clone of a tree built before copies it.
-# What is left, 243 CPU s (about 122 s on two cores), is mostly torch's headers (about 7 s in
-# each of the 9 files that register ops with <torch/library.h>, 8.8 s in module.cpp) and
-# the test-only 8-lane network (28 s, of which 12-14 s its split vectors' network with no dtype
-# instantiated; it took longer still under `#pragma GCC optimize("O1")`).
+# What is left is mostly the bitonic network's five files (75 of the 143 s). A lower -O is no
+# way out: the 8-lane network (split vectors) took 175 s at -O2 and 76 s at -O1, the other
+# variants 10-15 s at -O2 (3-4 s less each; their speed there not measured).
+# optimizer_tiles.cpp takes 2.4 s at -O2; at -O3, 8.8 of its 10.6 s optimize the fused
+# optimizers' element loops (-ftime-report's "callgraph functions expansion"). Instantiating
+# the test-only 8-lane network for 5 of the 9 dtypes would save about 7 s, but each dtype has
+# its own lane code there, which only that hook runs on CPUs without AVX-512. A precompiled
+# header of torch's headers was 430 MB (benchmarks/RESULTS.md).
 _LONGEST = {
-    f"csrc/sort/{name}.cpp"
-    for name in ("bitonic_8_lanes", "bitonic_avx512", "bitonic_avx2", "sort", "topk")
+    "csrc/sort/bitonic_8_lanes.cpp",
+    "csrc/sort/bitonic_avx512.cpp",
+    "csrc/sort/bitonic_avx2.cpp",
+    "csrc/sort/bitonic_base.cpp",
+    "csrc/optim/optimizer_tiles.cpp",
+    "csrc/module.cpp",
 }
 
 

@@ -1,6 +1,6 @@
 // poptorch_sim._C, the Python module of the C++ kernels.
 //
-// Loading it registers every op in torch.ops.poptorch_sim (each family's TORCH_LIBRARY_FRAGMENT).
+// Loading it registers every op in torch.ops.poptorch_sim (see library.cpp).
 // The module itself holds the fused optimizer steps a second time, as Python functions generated
 // from their table (see [Note: two calls of one op] in optim/ops.h). The GIL is released while a
 // step runs.

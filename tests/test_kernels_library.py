@@ -1,8 +1,9 @@
 """The C++ library's registrations: each op family's schemas, and ``poptorch_sim._C``'s functions.
 
-Each family of ops (``csrc/engine``, ``csrc/sort``, ``csrc/optim``) defines its schemas next to
-its kernels; the fused optimizer steps are also plain Python functions of ``poptorch_sim._C``,
-generated from the same table as their ops (``csrc/optim/ops.h``).
+Each family of ops (``csrc/engine``, ``csrc/sort``, ``csrc/optim``) declares its kernels in its
+``ops.h``, and ``csrc/library.cpp`` registers them all with their schemas; the fused optimizer
+steps are also plain Python functions of ``poptorch_sim._C``, generated from the same table as
+their ops (``csrc/optim/ops.h``).
 """
 
 from __future__ import annotations

@@ -5,13 +5,14 @@
 // accumulated in the dtype's op-math type (float for float16/bfloat16) tile by tile and written
 // once, so assembling the output costs exactly one write of it and no intermediate stack.
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
+
+#include "common/tensors.h"
+#include "engine/ops.h"
 
 namespace poptorch_sim {
 namespace streams {
@@ -62,6 +63,8 @@ void sum_tiles(const std::vector<at::Tensor>& src, T* out, int64_t replicas, int
   });
 }
 
+}  // namespace
+
 at::Tensor stream_sum(at::TensorList micro_batches, int64_t replicas) {
   check_micro_batches(micro_batches, replicas);
   std::vector<at::Tensor> src;
@@ -71,7 +74,7 @@ at::Tensor stream_sum(at::TensorList micro_batches, int64_t replicas) {
   }
   std::vector<int64_t> shape{replicas};
   shape.insert(shape.end(), src[0].sizes().begin(), src[0].sizes().end());
-  at::Tensor out = at::empty(shape, src[0].options());
+  at::Tensor out = empty_tensor(shape, src[0].options());
   const int64_t numel = src[0].numel();
   AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(),
                              "stream_sum", [&] {
@@ -81,14 +84,5 @@ at::Tensor stream_sum(at::TensorList micro_batches, int64_t replicas) {
   return out;
 }
 
-}  // namespace
 }  // namespace streams
 }  // namespace poptorch_sim
-
-TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
-  m.def("stream_sum(Tensor[] micro_batches, int replicas) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
-  m.impl("stream_sum", &poptorch_sim::streams::stream_sum);
-}

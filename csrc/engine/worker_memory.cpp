@@ -40,8 +40,8 @@
 #include <vector>
 
 #include <c10/core/CPUAllocator.h>
-#include <torch/library.h>
 
+#include "engine/ops.h"
 #include "engine/output_cache.h"
 
 namespace poptorch_sim {
@@ -189,6 +189,8 @@ bool install() {
   return installed;
 }
 
+}  // namespace
+
 // The calling thread's large allocations come from the pool from now on (or no longer, with
 // false). Returns whether the pool serves this process.
 bool enter_worker_memory(bool pooled) {
@@ -206,11 +208,4 @@ std::vector<int64_t> worker_memory_stats() {
   return g_memory == nullptr ? std::vector<int64_t>(5, 0) : g_memory->stats();
 }
 
-}  // namespace
 }  // namespace poptorch_sim
-
-TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
-  m.def("enter_worker_memory(bool pooled) -> bool", &poptorch_sim::enter_worker_memory);
-  m.def("trim_worker_memory() -> int", &poptorch_sim::trim_worker_memory);
-  m.def("worker_memory_stats() -> int[]", &poptorch_sim::worker_memory_stats);
-}

@@ -7,12 +7,12 @@
 // `accum` would keep torch.compile from functionalising it); the Python wrapper returns accum.
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 
 #include "common/simd.h"
 #include "engine/tile_engine.h"
+#include "optim/ops.h"
 #include "optim/optimizer.h"
 
 namespace poptorch_sim {
@@ -113,6 +113,8 @@ void accumulate_into(at::Tensor& accum, const at::Tensor& grad_in, double scale)
   });
 }
 
+}  // namespace
+
 void accumulate_(at::Tensor& accum, const at::Tensor& grad, double scale) {
   check_pair(accum, grad, "");
   accumulate_into(accum, grad, scale);
@@ -131,16 +133,5 @@ void accumulate_many_(at::TensorList accums, at::TensorList grads, double scale)
   }
 }
 
-}  // namespace
 }  // namespace accumulate
 }  // namespace poptorch_sim
-
-TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
-  m.def("accumulate_(Tensor(a!) accum, Tensor grad, float scale) -> ()");
-  m.def("accumulate_many_(Tensor(a!)[] accums, Tensor[] grads, float scale) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
-  m.impl("accumulate_", &poptorch_sim::accumulate::accumulate_);
-  m.impl("accumulate_many_", &poptorch_sim::accumulate::accumulate_many_);
-}

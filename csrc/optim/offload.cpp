@@ -14,7 +14,6 @@
 // profiler show the streaming: chunks streamed and bytes each way.
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,6 +21,7 @@
 #include <cstring>
 
 #include "engine/tile_engine.h"
+#include "optim/ops.h"
 #include "optim/optimizer.h"
 
 namespace poptorch_sim {
@@ -264,8 +264,6 @@ void for_each_tile_all(
   }
 }
 
-namespace {
-
 std::vector<int64_t> offload_stats() {
   return {g_chunks.load(), g_bytes_to_device.load(), g_bytes_to_host.load()};
 }
@@ -276,11 +274,5 @@ void offload_reset_stats() {
   g_bytes_to_host = 0;
 }
 
-}  // namespace
 }  // namespace optim
 }  // namespace poptorch_sim
-
-TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
-  m.def("offload_stats() -> int[]", &poptorch_sim::optim::offload_stats);
-  m.def("offload_reset_stats() -> ()", &poptorch_sim::optim::offload_reset_stats);
-}

@@ -1,4 +1,6 @@
-// The fused optimizer steps as ops: each step's schema and C++ function, written once.
+// The optimizer family's ops: the fused optimizer steps (each step's schema and C++ function,
+// written once), gradient accumulation, the gradient norm and the off-chip streaming counters.
+// library.cpp registers them all.
 //
 // [Note: two calls of one op]
 // Each step is registered twice from this table: as a dispatcher op (optimizer.cpp), which is
@@ -14,6 +16,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "optim/optimizer.h"
 
@@ -42,7 +45,22 @@
   OP(increment_steps, false, "increment_steps_(Tensor(a!)[] steps) -> float[]")
 
 namespace poptorch_sim {
+namespace accumulate {
+
+// accumulate.cpp: accum += grad * scale, in place.
+void accumulate_(at::Tensor& accum, const at::Tensor& grad, double scale);
+void accumulate_many_(at::TensorList accums, at::TensorList grads, double scale);
+
+}  // namespace accumulate
+
 namespace optim {
+
+// optimizer.cpp: the 2-norm of the unscaled gradients, as one float32 scalar tensor.
+at::Tensor grad_norm(at::TensorList grads, double loss_scaling);
+
+// offload.cpp: [chunks, bytes to the device, bytes to the host] streamed since the last reset.
+std::vector<int64_t> offload_stats();
+void offload_reset_stats();
 
 // An op's name: its schema up to the argument list.
 inline std::string op_name(const char* schema) {

@@ -6,14 +6,13 @@
 // `p.grad /= loss_scaling; clip_grad_norm_(...); opt.step()` would; the element formulas and
 // their operation order follow torch/optim/*.py (`foreach=False`). See [Note: optimizer tiles].
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/scalar_tensor.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "common/tensors.h"
 #include "engine/tile_engine.h"
 #include "optim/ops.h"
 #include "optim/optimizer.h"
@@ -335,7 +334,7 @@ at::Tensor grad_norm(at::TensorList grads, double loss_scaling) {
       total += d;
     }
   }
-  return at::scalar_tensor(static_cast<float>(std::sqrt(total)), at::kFloat);
+  return scalar_tensor(static_cast<float>(std::sqrt(total)), at::kFloat);
 }
 
 }  // namespace optim
@@ -343,17 +342,3 @@ at::Tensor grad_norm(at::TensorList grads, double loss_scaling) {
 
 // The steps' schemas and kernels come from their table (optim/ops.h), which module.cpp binds
 // as Python functions too.
-TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
-#define POPSIM_DEF(FN, RELEASE_GIL, SCHEMA) m.def(SCHEMA);
-  POPTORCH_SIM_OPTIM_OPS(POPSIM_DEF)
-#undef POPSIM_DEF
-  m.def("grad_norm(Tensor[] grads, float loss_scaling) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
-  using namespace poptorch_sim::optim;
-#define POPSIM_IMPL(FN, RELEASE_GIL, SCHEMA) m.impl(op_name(SCHEMA).c_str(), &FN);
-  POPTORCH_SIM_OPTIM_OPS(POPSIM_IMPL)
-#undef POPSIM_IMPL
-  m.impl("grad_norm", &grad_norm);
-}

@@ -15,11 +15,9 @@
 #include <tuple>
 #include <unordered_map>
 
-#include <ATen/ops/empty.h>
-#include <ATen/ops/isnan.h>
-#include <torch/library.h>
-
 #include "common/simd.h"
+#include "common/tensors.h"
+#include "sort/ops.h"
 #include "sort/sort.h"
 #include "sort/sort_dispatch.h"
 
@@ -175,7 +173,7 @@ auto threshold_for(double iou_threshold) {
 
 // Order positions by score, descending and stable, over all tiles.
 at::Tensor score_order(const at::Tensor& scores, KernelScope& scope) {
-  at::Tensor order = at::empty({scores.size(0)}, scores.options().dtype(at::kLong));
+  at::Tensor order = empty_tensor({scores.size(0)}, scores.options().dtype(at::kLong));
   sorting::sort_last_dim(scores.contiguous().reshape({1, -1}), true, at::Tensor(),
                          order.reshape({1, -1}), scope);
   return order;
@@ -199,7 +197,8 @@ void gather_columns(
 }
 
 at::Tensor to_tensor(const std::vector<int64_t>& kept, const at::Tensor& like) {
-  at::Tensor out = at::empty({static_cast<int64_t>(kept.size())}, like.options().dtype(at::kLong));
+  at::Tensor out =
+      empty_tensor({static_cast<int64_t>(kept.size())}, like.options().dtype(at::kLong));
   std::copy(kept.begin(), kept.end(), out.mutable_data_ptr<int64_t>());
   return out;
 }
@@ -227,8 +226,8 @@ void check_boxes(const at::Tensor& boxes, const at::Tensor& scores, const char* 
       boxes.scalar_type() == at::kFloat || boxes.scalar_type() == at::kDouble, "poptorch_sim::",
       op, ": boxes should be float32 or float64, got ", boxes.scalar_type());
   TORCH_CHECK(
-      !at::isnan(boxes).any().item<bool>(), "poptorch_sim::", op,
-      ": boxes contain NaN coordinates (", at::isnan(boxes).any(1).sum().item<int64_t>(),
+      !boxes.isnan().any().item<bool>(), "poptorch_sim::", op,
+      ": boxes contain NaN coordinates (", boxes.isnan().any(1).sum().item<int64_t>(),
       " of ", boxes.size(0), " boxes); remove or fix them before NMS");
 }
 
@@ -246,10 +245,12 @@ at::Tensor nms_impl(
   return to_tensor(greedy_pass(columns, threshold, engine::num_tiles(), scope), boxes);
 }
 
+}  // namespace
+
 at::Tensor nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold) {
   check_boxes(boxes, scores, "nms");
   if (boxes.size(0) == 0) {
-    return at::empty({0}, boxes.options().dtype(at::kLong));
+    return empty_tensor({0}, boxes.options().dtype(at::kLong));
   }
   KernelScope scope("nms");
   if (boxes.scalar_type() == at::kFloat) {
@@ -257,6 +258,8 @@ at::Tensor nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, double iou
   }
   return nms_impl<double>(boxes, scores, at::Tensor(), iou_threshold, scope);
 }
+
+namespace {
 
 // Per-class NMS (torchvision's path above 1000 boxes): classes are independent, so each class
 // is one task on the tiles; kept boxes come out in global score order.
@@ -302,6 +305,8 @@ at::Tensor per_class_nms(
   return to_tensor(kept, boxes);
 }
 
+}  // namespace
+
 at::Tensor batched_nms_cpu(
     const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
     double iou_threshold) {
@@ -318,7 +323,7 @@ at::Tensor batched_nms_cpu(
       "poptorch_sim::batched_nms: idxs should hold integer class ids, got dtype ",
       idxs.scalar_type());
   if (boxes.size(0) == 0) {
-    return at::empty({0}, boxes.options().dtype(at::kLong));
+    return empty_tensor({0}, boxes.options().dtype(at::kLong));
   }
   KernelScope scope("batched_nms");
   const bool is_float = boxes.scalar_type() == at::kFloat;
@@ -334,16 +339,5 @@ at::Tensor batched_nms_cpu(
                   : nms_impl<double>(boxes, scores, offsets.contiguous(), iou_threshold, scope);
 }
 
-}  // namespace
 }  // namespace nms
 }  // namespace poptorch_sim
-
-TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
-  m.def("nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor");
-  m.def("batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
-  m.impl("nms", &poptorch_sim::nms::nms_cpu);
-  m.impl("batched_nms", &poptorch_sim::nms::batched_nms_cpu);
-}

@@ -5,13 +5,10 @@
 #include <memory>
 #include <tuple>
 
-#include <ATen/WrapDimUtils.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <torch/library.h>
-
+#include "common/tensors.h"
 #include "engine/output_cache.h"
 #include "sort/bitonic.h"
+#include "sort/ops.h"
 #include "sort/scatter_sort.h"
 #include "sort/sort_dispatch.h"
 
@@ -192,11 +189,9 @@ void check_sortable(const at::Tensor& self, const char* op) {
       self.scalar_type(), "; supported: ", supported_dtypes_message());
 }
 
-namespace {
-
 std::tuple<at::Tensor, at::Tensor> sort_cpu(const at::Tensor& self, int64_t dim, bool descending) {
   check_sortable(self, "sort");
-  dim = at::maybe_wrap_dim(dim, self.dim());
+  dim = c10::maybe_wrap_dim(dim, self.dim());
   const at::Tensor moved = self.movedim(dim, -1).contiguous();
   at::Tensor values = empty_output(moved.sizes(), moved.scalar_type());
   at::Tensor indices = empty_output(moved.sizes(), at::kLong);
@@ -207,7 +202,7 @@ std::tuple<at::Tensor, at::Tensor> sort_cpu(const at::Tensor& self, int64_t dim,
 
 at::Tensor argsort_cpu(const at::Tensor& self, int64_t dim, bool descending) {
   check_sortable(self, "argsort");
-  dim = at::maybe_wrap_dim(dim, self.dim());
+  dim = c10::maybe_wrap_dim(dim, self.dim());
   const at::Tensor moved = self.movedim(dim, -1).contiguous();
   at::Tensor indices = empty_output(moved.sizes(), at::kLong);
   KernelScope scope("argsort");
@@ -228,8 +223,8 @@ std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, boo
   const int64_t n = input.dim() == 0 ? 1 : input.size(-1);
   TORCH_CHECK(n <= kBitonicRowMax, "poptorch_sim::_sort_rows_8_lanes: rows of at most ",
               kBitonicRowMax, " items, got ", n);
-  at::Tensor values = at::empty_like(input);
-  at::Tensor indices = at::empty(input.sizes(), input.options().dtype(at::kLong));
+  at::Tensor values = empty_tensor_like(input);
+  at::Tensor indices = empty_tensor(input.sizes(), input.options().dtype(at::kLong));
   if (input.numel() == 0) {
     return {values, indices};
   }
@@ -251,28 +246,5 @@ std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, boo
   return {values, indices};
 }
 
-}  // namespace
-
 }  // namespace sorting
 }  // namespace poptorch_sim
-
-TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
-  m.def(
-      "sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)");
-  m.def("argsort(Tensor self, int dim=-1, bool descending=False) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
-  m.impl("sort", &poptorch_sim::sorting::sort_cpu);
-  m.impl("argsort", &poptorch_sim::sorting::argsort_cpu);
-}
-
-// A test hook, not a kernel: one function for every device (check_sortable wants a CPU tensor).
-// And the measured choice of [Note: streaming stores].
-TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
-  m.def("_sort_rows_8_lanes(Tensor self, bool descending=False) -> (Tensor values, Tensor indices)",
-        &poptorch_sim::sorting::sort_rows_8_lanes);
-  m.def("sort_set_stream_mid_rows(bool stream) -> bool",
-        &poptorch_sim::sorting::bitonic::set_stream_mid_rows);
-  m.def("sort_stream_mid_rows() -> bool", &poptorch_sim::sorting::bitonic::stream_mid_rows);
-}

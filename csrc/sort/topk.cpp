@@ -11,10 +11,8 @@
 #include <memory>
 #include <tuple>
 
-#include <ATen/WrapDimUtils.h>
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
-
+#include "common/tensors.h"
+#include "sort/ops.h"
 #include "sort/sort.h"
 #include "sort/sort_dispatch.h"
 
@@ -141,11 +139,13 @@ void topk_last_dim(
   }, rows * n);
 }
 
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> topk_cpu(
     const at::Tensor& self, int64_t k, int64_t dim, bool largest, bool sorted) {
   (void)sorted;  // Results always come out sorted, which sorted=False permits.
   check_sortable(self, "topk");
-  dim = at::maybe_wrap_dim(dim, self.dim());
+  dim = c10::maybe_wrap_dim(dim, self.dim());
   const at::Tensor moved =
       self.dim() == 0 ? self.reshape({1}) : self.movedim(dim, -1).contiguous();
   const int64_t n = moved.size(-1);
@@ -154,8 +154,8 @@ std::tuple<at::Tensor, at::Tensor> topk_cpu(
       " but dimension ", dim, " has size ", n, " (k must be in [0, ", n, "])");
   std::vector<int64_t> out_sizes(moved.sizes().begin(), moved.sizes().end());
   out_sizes.back() = k;
-  at::Tensor values = at::empty(out_sizes, moved.options());
-  at::Tensor indices = at::empty(out_sizes, moved.options().dtype(at::kLong));
+  at::Tensor values = empty_tensor(out_sizes, moved.options());
+  at::Tensor indices = empty_tensor(out_sizes, moved.options().dtype(at::kLong));
   KernelScope scope("topk");
   dispatch_sort_type(self.scalar_type(), "topk", [&](auto scalar_tag, auto codec_tag) {
     using scalar_t = decltype(scalar_tag);
@@ -168,16 +168,5 @@ std::tuple<at::Tensor, at::Tensor> topk_cpu(
   return {values.movedim(-1, dim).contiguous(), indices.movedim(-1, dim).contiguous()};
 }
 
-}  // namespace
 }  // namespace sorting
 }  // namespace poptorch_sim
-
-TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
-  m.def(
-      "topk(Tensor self, int k, int dim=-1, bool largest=True, bool sorted=True) "
-      "-> (Tensor values, Tensor indices)");
-}
-
-TORCH_LIBRARY_IMPL(poptorch_sim, CPU, m) {
-  m.impl("topk", &poptorch_sim::sorting::topk_cpu);
-}
