@@ -119,15 +119,24 @@ class CountingIterable(torch.utils.data.IterableDataset):  # type: ignore[type-a
 
 
 class CountingDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __init__(self, n: int) -> None:
-        self.n, self.loads = n, 0
+    """``n`` items; each load appends a byte to the file ``log``, so loads made in a worker
+    process are counted too (``loads``)."""
+
+    def __init__(self, n: int, log: str) -> None:
+        self.n, self.log = n, log
+        open(log, "wb").close()
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        self.loads += 1
+        with open(self.log, "ab") as f:
+            f.write(b".")
         return torch.tensor([i])
+
+    @property
+    def loads(self) -> int:
+        return os.path.getsize(self.log)
 
 
 class SecondEpochFails:
