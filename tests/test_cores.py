@@ -399,7 +399,9 @@ def test_a_pinned_count_is_kept_by_every_action(
     assert [p.seen for p in probes] == [[1, 1, 1], [1, 1, 1]]
 
 
-def test_sharded_stages_run_on_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sharded_stages_run_on_every_core(
+    monkeypatch: pytest.MonkeyPatch, two_threads: int
+) -> None:
     monkeypatch.delenv("POPTORCH_SIM_THREADS_PER_IPU", raising=False)
     main_threads = torch.get_num_threads()
     program, probes = _two_stages(sharded=True)
