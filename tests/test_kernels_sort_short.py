@@ -24,10 +24,10 @@ def _rows(rows: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
         x = torch.randn(rows, n, generator=g, dtype=torch.float64) * 100
         x[:, ::2] = torch.randint(-8, 8, (rows, (n + 1) // 2), generator=g) / 4  # duplicates
         x = x.to(dtype)
-        for row in range(rows):
-            places = torch.randperm(n, generator=g)[: min(n, len(SPECIALS))]
-            x[row, places] = torch.tensor(SPECIALS[: len(places)], dtype=dtype)
-        return x
+        # in each row, the specials at places of their own drawn at random
+        k = min(n, len(SPECIALS))
+        places = torch.rand(rows, n, generator=g).argsort(dim=1)[:, :k]
+        return x.scatter_(1, places, torch.tensor(SPECIALS[:k], dtype=dtype).expand(rows, k))
     info = torch.iinfo(dtype)
     x = torch.randint(info.min, info.max, (rows, n), generator=g, dtype=torch.int64)
     x[:, ::2] = torch.randint(-3, 3, (rows, (n + 1) // 2), generator=g)  # duplicates
