@@ -282,7 +282,7 @@ def test_resnet50_trains_sharded_like_eager() -> None:
     assert [s.ipu for s in runner.program.stages] == [0, 1, 2, 3]
 
 
-@pytest.mark.slow  # 1.5 minutes on two busy cores
+@pytest.mark.slow  # both: 20 s on two busy cores (2-vCPU Xeon, 2026-11-29; 1.5 min at full width)
 @pytest.mark.parametrize("capture", ["fx", "export"])
 def test_resnet50_trains_pipelined_like_eager(capture: str) -> None:
     model = ResNetWithLoss()
