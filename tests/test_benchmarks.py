@@ -25,7 +25,8 @@ BENCHMARKS = sorted(
 )
 # Narrower quick runs where the whole quick mode takes minutes; the models themselves are tested
 # against eager in tests/test_transformers_models.py and tests/test_real_models.py.
-# scale_out.py: only its samples/s table, one two-process launch (each launch starts torchrun).
+# scale_out.py: only its samples/s table (its quick table: a one-process and a two-process launch,
+# each starting torchrun).
 # first_calls.py: the sleeping pipeline's row (the model rows are models.py's).
 # models.py: one row (BERT of 2 layers, one per IPU, pipelined training); every row runs the same
 # `row` function, and each row compiles a transformers model (about a minute on a loaded two-core
