@@ -50,7 +50,6 @@ if __name__ == "__main__" and "--as-avx2" in sys.argv[1:]:
     run_as_avx2(sys.argv[1:])  # before importing torch, which the capped run imports anew
 
 import torch  # noqa: E402
-import torchvision  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -235,6 +234,8 @@ def random_boxes(n: int, clustered: bool) -> tuple[torch.Tensor, torch.Tensor]:
 
 def nms_rows(quick: bool) -> list[Row]:
     """nms on random and clustered boxes against torchvision.ops.nms."""
+    import torchvision  # here: the import costs seconds, and most sections do without it
+
     rows = []
     for n in (1000,) if quick else (1000, 5000, 20000):
         for clustered in (False, True):
@@ -286,6 +287,8 @@ def retinanet_postprocess(levels, topk_fn, batched_nms_fn, classes: int) -> torc
 
 def retinanet_rows(quick: bool) -> list[Row]:
     """RetinaNet post-processing with our topk + batched_nms against torch + torchvision."""
+    import torchvision
+
     classes = 20 if quick else 80
     levels = retinanet_inputs(quick)
 

@@ -9,12 +9,15 @@ twice the work of one and ``samples/s`` counts the samples of all replicas and i
 Rows: 1 instance with 1 replica (the baseline), 1 instance with 2 replicas (worker threads in
 one process, no all-reduce), 2 instances with 1 replica each (processes, one all-reduce per
 step). The last column is samples/s over the baseline's, measured in the same run (ideal 2.0 on
-two idle cores). ``all-reduce`` is the median wall time of the cross-process
-gradient all-reduce per step (including any wait for the other process to reach the step),
-``bytes/step`` what one process sends into it (its fp32
-gradients: equal to the model's parameter bytes, as the table shows), for a few model sizes.
+two idle cores). ``--rows 1x1,2x2`` runs only the rows named (INSTANCESxREPLICAS, the baseline
+first); each row is a launch of its own (a launcher and its instances, each importing torch).
+``all-reduce`` is the median wall time of the cross-process gradient all-reduce per step
+(including any wait for the other process to reach the step), ``bytes/step`` what one process
+sends into it (its fp32 gradients: equal to the model's parameter bytes, as the table shows),
+for a few model sizes.
 
-Run: ``python benchmarks/scale_out.py [--quick]`` (writes nothing; prints two tables).
+Run: ``python benchmarks/scale_out.py [--quick] [--skip-sizes] [--rows 1x1,2x2]`` (writes
+nothing; prints two tables).
 """
 
 from __future__ import annotations
@@ -136,7 +139,18 @@ def main() -> None:
     add("--ga", type=int, default=8, help="gradient accumulation (default 8)")
     add("--calls", type=int, default=20, help="timed calls (default 20)")
     add("--skip-sizes", action="store_true", help="only the first table (samples/s)")
+    add("--rows", default="1x1,1x2,2x2", help="the first table's rows (default 1x1,1x2,2x2)")
     args = parser.parse_args()
+    try:
+        rows = [tuple(int(n) for n in row.split("x")) for row in args.rows.split(",")]
+    except ValueError:
+        rows = []
+    if rows[:1] != [(1, 1)] or any(
+        len(row) != 2 or min(row) < 1 or row[1] % row[0] for row in rows
+    ):
+        parser.error(
+            f"--rows {args.rows}: INSTANCESxREPLICAS, replicas a multiple of instances, 1x1 first"
+        )
     if args.worker:
         worker(args)
         return
@@ -147,7 +161,7 @@ def main() -> None:
     print("| instances | replicas (global) | samples/s (median call) | vs 1 instance, 1 replica |")
     print("|---|---|---|---|")
     base = None
-    for n, replicas in ((1, 1), (1, 2), (2, 2)):
+    for n, replicas in rows:
         r = launch(n, replicas, args, args.width)
         rate = r["samples_per_call"] / r["call_s"]
         base = base or rate

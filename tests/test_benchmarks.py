@@ -25,7 +25,9 @@ BENCHMARKS = sorted(
 )
 # Narrower quick runs where the whole quick mode takes minutes; the models themselves are tested
 # against eager in tests/test_transformers_models.py and tests/test_real_models.py.
-# scale_out.py: only its samples/s table, one two-process launch (each launch starts torchrun).
+# scale_out.py: only its samples/s table, and of it the baseline and the two-process rows (each row
+# is a launch: a launcher and its instances, each importing torch; the replicas-on-threads row
+# between them runs the same launch and is tested in tests/test_replica_threads.py).
 # first_calls.py: the sleeping pipeline's row (the model rows are models.py's).
 # models.py: one row (BERT of 2 layers, one per IPU, pipelined training); every row runs the same
 # `row` function, and each row compiles a transformers model (about a minute on a loaded two-core
@@ -36,7 +38,7 @@ EXTRA_ARGS = {
         *"--only bert --kinds train --strategies pipelined --no-model-ceilings".split(),
         *("--layers", "2"),
     ],
-    "scale_out.py": ["--skip-sizes"],
+    "scale_out.py": ["--skip-sizes", "--rows", "1x1,2x2"],
 }
 RATIO = re.compile(r"\d+(\.\d+)?\s*[x×]|ratio[^:\n]*:\s*\d")
 # Modules the scripts import from beside themselves (``timing``, ``models``, ``published``,
