@@ -19,13 +19,13 @@ unknown    anything else (custom ops among them): counted as ``memory``, by the 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 
 __all__ = ["OpCounter", "OpTotals", "op_kind"]
 
@@ -78,11 +78,20 @@ _POPTORCH_MARKERS = frozenset(
 _ATTENTION = frozenset(("_scaled_dot_product_flash_attention_for_cpu",))
 
 
+@functools.cache
+def _flop_counter() -> Any:
+    """``torch.utils.flop_counter``, imported on first use: it imports triton (about 0.2 s),
+    which a process that never counts an op's FLOPs need not load."""
+    import torch.utils.flop_counter
+
+    return torch.utils.flop_counter
+
+
 def op_kind(func: Any) -> str:
     """``"compute"``, ``"view"``, ``"memory"`` or ``"unknown"`` for an aten op overload."""
     packet = getattr(func, "overloadpacket", None)
     name = getattr(packet, "__name__", str(func))
-    if packet in flop_registry or name in _ATTENTION:
+    if packet in _flop_counter().flop_registry or name in _ATTENTION:
         return "compute"
     if name in _VIEW_OPS or getattr(func, "is_view", False):
         return "view"
@@ -95,11 +104,11 @@ def op_kind(func: Any) -> str:
 
 
 def _flops(func: Any, args: Any, kwargs: Any, out: Any) -> int:
-    packet = func.overloadpacket
-    if packet in flop_registry:
-        return int(flop_registry[packet](*args, **kwargs, out_val=out))
+    packet, counter = func.overloadpacket, _flop_counter()
+    if packet in counter.flop_registry:
+        return int(counter.flop_registry[packet](*args, **kwargs, out_val=out))
     q, k, v = args[:3]
-    return int(sdpa_flop_count(q.shape, k.shape, v.shape))
+    return int(counter.sdpa_flop_count(q.shape, k.shape, v.shape))
 
 
 def _nbytes(t: torch.Tensor) -> int:

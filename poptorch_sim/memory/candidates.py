@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..runtime.checkpoints import is_checkpoint
 from .activations import restoring
@@ -280,6 +279,8 @@ def profile_candidates(
     modules = [model.get_submodule(n) for n in names]
     weights = {id(p) for m in modules for p in [*m.parameters(), *m.buffers()]}
     rec = _Recorder({storage_key(t) for t in [*model.parameters(), *model.buffers()]})
+    from torch.utils.flop_counter import FlopCounterMode  # imports triton: on first use
+
     flops = FlopCounterMode(display=False)
     handles = rec.hook(model, names)
 
