@@ -1,10 +1,13 @@
-"""The tutorials run end to end as child processes (tiny settings) and print their accuracy."""
+"""The tutorials run end to end (tiny settings) and print their accuracy: the MNIST ones, whose
+data loaders start worker processes, as child processes; the others as ``python script.py``
+would run them, in the test process (a child would import torch and transformers again)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +52,27 @@ def _run(script: Path, *args: str, cwd: Path) -> str:
     return proc.stdout
 
 
+def _run_here(
+    script: Path,
+    *args: str,
+    cwd: Path,
+    capfd: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> str:
+    """Runs ``script`` as its ``__main__`` in this process, in ``cwd``; returns what it printed."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("POPTORCH_SIM_OFFLINE", "1")
+    monkeypatch.setattr(sys, "argv", [str(script), *args])
+    monkeypatch.setattr(sys, "path", [str(script.parent), *sys.path])
+    threads = torch.get_num_threads()
+    capfd.readouterr()
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        torch.set_num_threads(threads)
+    return capfd.readouterr().out
+
+
 def _test_accuracy(stdout: str) -> float:
     """The figure after 'Accuracy on test set:', parsed as the tutorial's own test does."""
     lines = [line for line in stdout.splitlines() if "Accuracy on test set:" in line]
@@ -86,7 +110,7 @@ def test_pipeline_flags_match_graphcore_defaults() -> None:
 SMALL = [
     "--epochs", "1", "--batch-size", "8", "--device-iterations", "2",
     "--gradient-accumulation", "8", "--test-batch-size", "8",
-    "--max-train-samples", "512", "--max-test-samples", "256",
+    "--max-train-samples", "512", "--max-test-samples", "256", "--num-workers", "2",
 ]  # fmt: skip
 
 
@@ -110,11 +134,13 @@ def test_pipeline_tutorial_runs(data_dir: Path, tmp_path: Path, extra: list[str]
     _test_accuracy(out)
 
 
-def test_single_ipu_tutorial_runs(data_dir: Path, tmp_path: Path) -> None:
-    out = _run(
+def test_single_ipu_tutorial_runs(
+    data_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = _run_here(
         SINGLE_IPU, "--batch-size", "16", "--device-iterations", "8", "--max-steps", "3",
         "--test-batch-size", "32",
-        "--data-dir", str(data_dir), cwd=tmp_path,
+        "--data-dir", str(data_dir), cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert "generated stand-in" in out
     _test_accuracy(out)
@@ -123,11 +149,13 @@ def test_single_ipu_tutorial_runs(data_dir: Path, tmp_path: Path) -> None:
 OVERLAP_IO = REPO / "tutorials" / "overlap_io" / "serve_images.py"
 
 
-def test_overlap_io_tutorial_serves_from_threads_and_profiles(tmp_path: Path) -> None:
+def test_overlap_io_tutorial_serves_from_threads_and_profiles(
+    tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     profile = tmp_path / "profile"
-    out = _run(
+    out = _run_here(
         OVERLAP_IO, "--size", "32", "--requests", "6", "--threads", "1", "3",
-        "--profile-dir", str(profile), cwd=tmp_path,
+        "--profile-dir", str(profile), cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert "Served results equal the eager model: True" in out
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["3"])]
@@ -160,12 +188,14 @@ def test_manual_sharding_yaml_holds_the_tutorials_split_points() -> None:
     }
 
 
-def test_manual_sharding_tutorial_runs_resnet50_pipelined_on_four_ipus(tmp_path: Path) -> None:
+def test_manual_sharding_tutorial_runs_resnet50_pipelined_on_four_ipus(
+    tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     profile = tmp_path / "profile"
-    out = _run(
+    out = _run_here(
         SHARDING, "--image-size", "32", "--batch-size", "2", "--num-classes", "10",
         "--gradient-accumulation", "7", "--steps", "1", "--profile-dir", str(profile),
-        cwd=tmp_path,
+        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     lines = out.splitlines()
     assert [line for line in lines if line.startswith("stage ") and "ops" in line] == [
@@ -191,9 +221,11 @@ PACKING_TINY = [
 ]  # fmt: skip
 
 
-def test_packing_tutorial_runs_and_packing_changes_no_answer(tmp_path: Path) -> None:
+def test_packing_tutorial_runs_and_packing_changes_no_answer(
+    tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("transformers")
-    out = _run(PACKING, *PACKING_TINY, cwd=tmp_path)
+    out = _run_here(PACKING, *PACKING_TINY, cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
     assert "48 requests, mean length" in out
     for mode in ("padded", "packed offline", "packed online"):
         assert re.search(rf"^{mode}\s+[\d.]+\s+[\d.]+x\s+[\d.]+$", out, re.M), out
@@ -207,9 +239,18 @@ def test_packing_tutorial_runs_and_packing_changes_no_answer(tmp_path: Path) -> 
 MEMORY = REPO / "tutorials" / "memory" / "memory_planning.py"
 
 
-def test_memory_tutorial_plans_bert_base_and_gpt2_and_measures_a_tiny_bert(tmp_path: Path) -> None:
+def test_memory_tutorial_plans_bert_base_and_gpt2_and_measures_a_tiny_bert(
+    tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("transformers")
-    out = _run(MEMORY, "--plot-dir", str(tmp_path / "plots"), cwd=tmp_path)
+    out = _run_here(
+        MEMORY,
+        "--plot-dir",
+        str(tmp_path / "plots"),
+        cwd=tmp_path,
+        capfd=capfd,
+        monkeypatch=monkeypatch,
+    )
     for model in ("BERT-base", "GPT-2"):
         assert f"=== {model}:" in out
     for variant in ("as is", "offload", "RTS x4", "recompute"):
@@ -228,11 +269,13 @@ def test_memory_tutorial_plans_bert_base_and_gpt2_and_measures_a_tiny_bert(tmp_p
 IPU_TIME = REPO / "tutorials" / "ipu_time" / "ipu_time.py"
 
 
-def test_ipu_time_tutorial_plans_a_faster_split_and_predicts_cycles(tmp_path: Path) -> None:
+def test_ipu_time_tutorial_plans_a_faster_split_and_predicts_cycles(
+    tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("transformers")
-    out = _run(
+    out = _run_here(
         IPU_TIME, "--hidden", "64", "--seq", "16", "--micro-batch", "2", "--ga", "8",
-        "--plot-dir", str(tmp_path / "plots"), cwd=tmp_path,
+        "--plot-dir", str(tmp_path / "plots"), cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert out.count("Time per call (prediction for Mk2") == 2
     assert "Time per call (prediction for Bow" in out
