@@ -1,6 +1,6 @@
-"""The tutorials run end to end (tiny settings) and print their accuracy: the MNIST ones, whose
-data loaders start worker processes, as child processes; the others as ``python script.py``
-would run them, in the test process (a child would import torch and transformers again)."""
+"""The tutorials run end to end (tiny settings) and print their accuracy. Each runs as
+``python script.py`` would run it, but in the test process: a child process would import torch
+and transformers again."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import importlib.util
 import os
 import re
 import runpy
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from poptorch_sim.datasets import write_standin
+from poptorch_sim.logger import logger
 
 REPO = Path(__file__).resolve().parent.parent
 PIPELINE = REPO / "tutorials" / "pipelining" / "mnist_pipeline.py"
@@ -30,28 +30,6 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _run(script: Path, *args: str, cwd: Path) -> str:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        "POPTORCH_SIM_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-    }
-    proc = subprocess.run(
-        [sys.executable, str(script), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"{script.name} {' '.join(args)} exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
-        )
-    return proc.stdout
-
-
 def _run_here(
     script: Path,
     *args: str,
@@ -59,17 +37,22 @@ def _run_here(
     capfd: pytest.CaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> str:
-    """Runs ``script`` as its ``__main__`` in this process, in ``cwd``; returns what it printed."""
+    """Runs ``script`` as its ``__main__`` in this process, in ``cwd``; returns what it printed.
+    What a script may change for the rest of its process (environment variables, the log level,
+    the intra-op threads) is put back afterwards."""
     monkeypatch.chdir(cwd)
-    monkeypatch.setenv("POPTORCH_SIM_OFFLINE", "1")
     monkeypatch.setattr(sys, "argv", [str(script), *args])
     monkeypatch.setattr(sys, "path", [str(script.parent), *sys.path])
-    threads = torch.get_num_threads()
+    environ, threads, level = dict(os.environ), torch.get_num_threads(), logger.level
+    os.environ.update(POPTORCH_SIM_OFFLINE="1", OMP_NUM_THREADS="1")  # the latter for children
     capfd.readouterr()
     try:
         runpy.run_path(str(script), run_name="__main__")
     finally:
+        os.environ.clear()
+        os.environ.update(environ)
         torch.set_num_threads(threads)
+        logger.setLevel(level)
     return capfd.readouterr().out
 
 
@@ -122,11 +105,17 @@ SMALL = [
     ],
     ids=["pipelined", "sharded-offload-profile-debug"],
 )
-def test_pipeline_tutorial_runs(data_dir: Path, tmp_path: Path, extra: list[str]) -> None:
+def test_pipeline_tutorial_runs(
+    data_dir: Path,
+    tmp_path: Path,
+    extra: list[str],
+    capfd: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     profile = tmp_path / "profile"
-    out = _run(
+    out = _run_here(
         PIPELINE, *SMALL, *extra, "--data-dir", str(data_dir), "--profile-dir", str(profile),
-        cwd=tmp_path,
+        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert "generated stand-in" in out
     assert "Training..." in out and "Testing..." in out
