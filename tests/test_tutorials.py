@@ -88,6 +88,7 @@ def test_pipeline_flags_match_graphcore_defaults() -> None:
     assert (args.test_batch_size, args.epochs, args.learning_rate) == (8, 3, 0.001)
     assert (args.strategy, args.profile, args.profile_dir) == ("pipelined", False, "./profile")
     assert not args.offload_optimiser and not args.debug
+    assert args.num_workers == 16  # each data loader's (the tests run with 2)
 
 
 SMALL = [
