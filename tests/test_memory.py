@@ -786,10 +786,24 @@ def test_single_ipu_training_holds_one_micro_batch() -> None:
     model.destroy()
 
 
-def test_planner_command_prints_the_report_of_the_first_compile(tmp_path: Path) -> None:
-    import subprocess
+def _memory_command(
+    *argv: str, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str]:
+    """``python -m poptorch_sim.memory *argv``, run in this process: its exit status and output."""
+    import runpy
     import sys
 
+    monkeypatch.setattr(sys, "argv", ["python -m poptorch_sim.memory", *argv])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the program's folder goes first
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("poptorch_sim.memory", run_name="__main__", alter_sys=True)
+    return exited.value.code, capfd.readouterr().out
+
+
+def test_planner_command_prints_the_report_of_the_first_compile(
+    tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = tmp_path / "train.py"
     script.write_text(
         "import sys, torch, poptorch\n"
@@ -798,18 +812,15 @@ def test_planner_command_prints_the_report_of_the_first_compile(tmp_path: Path) 
         "model(torch.randn(2, 8))\n"
         "print('the program went on running')\n"
     )
-    repo = Path(__file__).resolve().parent.parent
-    env_vars = {**os.environ, "PYTHONPATH": str(repo), "POPTORCH_SIM_IPU_MEMORY": "100KB"}
+    monkeypatch.setenv("POPTORCH_SIM_IPU_MEMORY", "100KB")
     plot = tmp_path / "memory.png"
     for width, status in ((16, 0), (4096, 1)):
-        proc = subprocess.run(
-            [sys.executable, "-m", "poptorch_sim.memory", "--plot", str(plot), str(script),
-             str(width)],
-            capture_output=True, text=True, env=env_vars, timeout=120,
-        )  # fmt: skip
-        assert proc.returncode == status, proc.stderr[-2000:]
-        assert "Memory per IPU" in proc.stdout and "went on running" not in proc.stdout
-        assert ("OUT OF MEMORY" in proc.stdout) == (status == 1)
+        code, out = _memory_command(
+            "--plot", str(plot), str(script), str(width), capfd=capfd, monkeypatch=monkeypatch
+        )
+        assert code == status, out[-2000:]
+        assert "Memory per IPU" in out and "went on running" not in out
+        assert ("OUT OF MEMORY" in out) == (status == 1)
     assert plot.exists()
 
 

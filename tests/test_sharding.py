@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import io
 import os
-import subprocess
+import runpy
 import sys
 import textwrap
 from pathlib import Path
@@ -394,14 +394,15 @@ def test_the_shard_command_runs_a_script_with_the_yaml_applied(
     assert "3 split points from shard.yaml" in out
     assert out.strip().splitlines()[-1] == "[0, 1, 2]"
     assert os.environ["POPTORCH_SIM_SHARDING_CONFIG"] == str(tmp_path / "shard.yaml")
-    # As a command: ``python -m poptorch_sim.shard``, here with a bad config.
+    # As a command: ``python -m poptorch_sim.shard``, here with a bad config (run in this
+    # process, as ``python -m`` runs it).
     (tmp_path / "bad.yaml").write_text("- {node: cos, device: 0}\n- {node: cos, device: 1}\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "POPTORCH_SIM_OFFLINE": "1"}
-    bad = subprocess.run(
-        [sys.executable, "-m", "poptorch_sim.shard", "--config", "bad.yaml", "--check"],
-        cwd=tmp_path, env=env, capture_output=True, text=True,
-    )  # fmt: skip
-    assert bad.returncode == 2 and "duplicate node 'cos'" in bad.stderr
+    monkeypatch.setenv("POPTORCH_SIM_OFFLINE", "1")
+    monkeypatch.setattr(sys, "argv", ["python -m poptorch_sim.shard", "--config", "bad.yaml",
+                                      "--check"])  # fmt: skip
+    with pytest.raises(SystemExit) as bad:
+        runpy.run_module("poptorch_sim.shard", run_name="__main__", alter_sys=True)
+    assert bad.value.code == 2 and "duplicate node 'cos'" in capsys.readouterr().err
 
 
 class InPlace(nn.Module):

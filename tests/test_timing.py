@@ -315,9 +315,10 @@ def test_the_time_planner_balances_predicted_time_and_states_the_speedup() -> No
     assert len(ipus) == 4
 
 
-def test_the_memory_command_prints_the_time_report_too(tmp_path: object) -> None:
-    import os
-    import subprocess
+def test_the_memory_command_prints_the_time_report_too(
+    tmp_path: object, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runpy
     import sys
     from pathlib import Path
 
@@ -327,15 +328,17 @@ def test_the_memory_command_prints_the_time_report_too(tmp_path: object) -> None
         "model = poptorch.inferenceModel(torch.nn.Linear(8, 8))\n"
         "model(torch.randn(2, 8))\n"
     )
-    repo = Path(__file__).resolve().parent.parent
-    env_vars = {**os.environ, "PYTHONPATH": str(repo), "POPTORCH_SIM_IPU_VERSION": "21"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "poptorch_sim.memory", str(script)],
-        capture_output=True, text=True, env=env_vars, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Memory per IPU" in proc.stdout
-    assert "Time per call (prediction for Bow IPUs at 1.850 GHz" in proc.stdout
+    monkeypatch.setenv("POPTORCH_SIM_IPU_VERSION", "21")
+    # ``python -m poptorch_sim.memory train.py``, run in this process
+    monkeypatch.setattr(sys, "argv", ["python -m poptorch_sim.memory", str(script)])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the program's folder goes first
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("poptorch_sim.memory", run_name="__main__", alter_sys=True)
+    out = capfd.readouterr().out
+    assert exited.value.code == 0, out[-2000:]
+    assert "Memory per IPU" in out
+    assert "Time per call (prediction for Bow IPUs at 1.850 GHz" in out
 
 
 def test_the_gantt_chart_lays_out_ga_plus_2_n_minus_1_cycles(tmp_path: object) -> None:

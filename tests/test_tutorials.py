@@ -1,11 +1,13 @@
-"""The tutorials run end to end as child processes (tiny settings) and print their accuracy."""
+"""The tutorials run end to end (tiny settings) and print their accuracy. Each runs as
+``python script.py`` would run it, but in the test process: a child process would import torch
+and transformers again."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import re
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from poptorch_sim.datasets import write_standin
+from poptorch_sim.logger import logger
 
 REPO = Path(__file__).resolve().parent.parent
 PIPELINE = REPO / "tutorials" / "pipelining" / "mnist_pipeline.py"
@@ -27,26 +30,30 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _run(script: Path, *args: str, cwd: Path) -> str:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        "POPTORCH_SIM_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-    }
-    proc = subprocess.run(
-        [sys.executable, str(script), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"{script.name} {' '.join(args)} exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
-        )
-    return proc.stdout
+def _run_here(
+    script: Path,
+    *args: str,
+    cwd: Path,
+    capfd: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> str:
+    """Runs ``script`` as its ``__main__`` in this process, in ``cwd``; returns what it printed.
+    What a script may change for the rest of its process (environment variables, the log level,
+    the intra-op threads) is put back afterwards."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", [str(script), *args])
+    monkeypatch.setattr(sys, "path", [str(script.parent), *sys.path])
+    environ, threads, level = dict(os.environ), torch.get_num_threads(), logger.level
+    os.environ.update(POPTORCH_SIM_OFFLINE="1", OMP_NUM_THREADS="1")  # the latter for children
+    capfd.readouterr()
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        torch.set_num_threads(threads)
+        logger.setLevel(level)
+    return capfd.readouterr().out
 
 
 def _test_accuracy(stdout: str) -> float:
@@ -81,12 +88,13 @@ def test_pipeline_flags_match_graphcore_defaults() -> None:
     assert (args.test_batch_size, args.epochs, args.learning_rate) == (8, 3, 0.001)
     assert (args.strategy, args.profile, args.profile_dir) == ("pipelined", False, "./profile")
     assert not args.offload_optimiser and not args.debug
+    assert args.num_workers == 16  # each data loader's (the tests run with 2)
 
 
 SMALL = [
     "--epochs", "1", "--batch-size", "8", "--device-iterations", "2",
     "--gradient-accumulation", "8", "--test-batch-size", "8",
-    "--max-train-samples", "512", "--max-test-samples", "256",
+    "--max-train-samples", "512", "--max-test-samples", "256", "--num-workers", "2",
 ]  # fmt: skip
 
 
@@ -98,11 +106,17 @@ SMALL = [
     ],
     ids=["pipelined", "sharded-offload-profile-debug"],
 )
-def test_pipeline_tutorial_runs(data_dir: Path, tmp_path: Path, extra: list[str]) -> None:
+def test_pipeline_tutorial_runs(
+    data_dir: Path,
+    tmp_path: Path,
+    extra: list[str],
+    capfd: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     profile = tmp_path / "profile"
-    out = _run(
+    out = _run_here(
         PIPELINE, *SMALL, *extra, "--data-dir", str(data_dir), "--profile-dir", str(profile),
-        cwd=tmp_path,
+        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert "generated stand-in" in out
     assert "Training..." in out and "Testing..." in out
@@ -110,11 +124,13 @@ def test_pipeline_tutorial_runs(data_dir: Path, tmp_path: Path, extra: list[str]
     _test_accuracy(out)
 
 
-def test_single_ipu_tutorial_runs(data_dir: Path, tmp_path: Path) -> None:
-    out = _run(
+def test_single_ipu_tutorial_runs(
+    data_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = _run_here(
         SINGLE_IPU, "--batch-size", "16", "--device-iterations", "8", "--max-steps", "3",
         "--test-batch-size", "32",
-        "--data-dir", str(data_dir), cwd=tmp_path,
+        "--data-dir", str(data_dir), cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert "generated stand-in" in out
     _test_accuracy(out)
@@ -123,11 +139,13 @@ def test_single_ipu_tutorial_runs(data_dir: Path, tmp_path: Path) -> None:
 OVERLAP_IO = REPO / "tutorials" / "overlap_io" / "serve_images.py"
 
 
-def test_overlap_io_tutorial_serves_from_threads_and_profiles(tmp_path: Path) -> None:
+def test_overlap_io_tutorial_serves_from_threads_and_profiles(
+    tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     profile = tmp_path / "profile"
-    out = _run(
+    out = _run_here(
         OVERLAP_IO, "--size", "32", "--requests", "6", "--threads", "1", "3",
-        "--profile-dir", str(profile), cwd=tmp_path,
+        "--profile-dir", str(profile), cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert "Served results equal the eager model: True" in out
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["3"])]
@@ -160,12 +178,14 @@ def test_manual_sharding_yaml_holds_the_tutorials_split_points() -> None:
     }
 
 
-def test_manual_sharding_tutorial_runs_resnet50_pipelined_on_four_ipus(tmp_path: Path) -> None:
+def test_manual_sharding_tutorial_runs_resnet50_pipelined_on_four_ipus(
+    tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     profile = tmp_path / "profile"
-    out = _run(
+    out = _run_here(
         SHARDING, "--image-size", "32", "--batch-size", "2", "--num-classes", "10",
         "--gradient-accumulation", "7", "--steps", "1", "--profile-dir", str(profile),
-        cwd=tmp_path,
+        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     lines = out.splitlines()
     assert [line for line in lines if line.startswith("stage ") and "ops" in line] == [
@@ -191,9 +211,11 @@ PACKING_TINY = [
 ]  # fmt: skip
 
 
-def test_packing_tutorial_runs_and_packing_changes_no_answer(tmp_path: Path) -> None:
+def test_packing_tutorial_runs_and_packing_changes_no_answer(
+    tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("transformers")
-    out = _run(PACKING, *PACKING_TINY, cwd=tmp_path)
+    out = _run_here(PACKING, *PACKING_TINY, cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch)
     assert "48 requests, mean length" in out
     for mode in ("padded", "packed offline", "packed online"):
         assert re.search(rf"^{mode}\s+[\d.]+\s+[\d.]+x\s+[\d.]+$", out, re.M), out
@@ -207,9 +229,18 @@ def test_packing_tutorial_runs_and_packing_changes_no_answer(tmp_path: Path) -> 
 MEMORY = REPO / "tutorials" / "memory" / "memory_planning.py"
 
 
-def test_memory_tutorial_plans_bert_base_and_gpt2_and_measures_a_tiny_bert(tmp_path: Path) -> None:
+def test_memory_tutorial_plans_bert_base_and_gpt2_and_measures_a_tiny_bert(
+    tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("transformers")
-    out = _run(MEMORY, "--plot-dir", str(tmp_path / "plots"), cwd=tmp_path)
+    out = _run_here(
+        MEMORY,
+        "--plot-dir",
+        str(tmp_path / "plots"),
+        cwd=tmp_path,
+        capfd=capfd,
+        monkeypatch=monkeypatch,
+    )
     for model in ("BERT-base", "GPT-2"):
         assert f"=== {model}:" in out
     for variant in ("as is", "offload", "RTS x4", "recompute"):
@@ -228,11 +259,13 @@ def test_memory_tutorial_plans_bert_base_and_gpt2_and_measures_a_tiny_bert(tmp_p
 IPU_TIME = REPO / "tutorials" / "ipu_time" / "ipu_time.py"
 
 
-def test_ipu_time_tutorial_plans_a_faster_split_and_predicts_cycles(tmp_path: Path) -> None:
+def test_ipu_time_tutorial_plans_a_faster_split_and_predicts_cycles(
+    tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("transformers")
-    out = _run(
+    out = _run_here(
         IPU_TIME, "--hidden", "64", "--seq", "16", "--micro-batch", "2", "--ga", "8",
-        "--plot-dir", str(tmp_path / "plots"), cwd=tmp_path,
+        "--plot-dir", str(tmp_path / "plots"), cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
     )  # fmt: skip
     assert out.count("Time per call (prediction for Mk2") == 2
     assert "Time per call (prediction for Bow" in out

@@ -72,7 +72,7 @@ def make_loaders(
         batch_size=args.batch_size,
         shuffle=True,
         mode=poptorch.DataLoaderMode.Async,
-        num_workers=16,
+        num_workers=args.num_workers,
     )
     # Inference has no gradient accumulation: run as many micro-batches per call as training.
     test_opts = poptorch.Options()
@@ -85,7 +85,7 @@ def make_loaders(
         shuffle=True,
         drop_last=True,
         mode=poptorch.DataLoaderMode.Async,
-        num_workers=16,
+        num_workers=args.num_workers,
     )
     return training_data, test_data
 
@@ -230,6 +230,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # For quick smoke runs (CI): train and test on the first N samples only.
     add("--max-train-samples", type=int, default=None, help=argparse.SUPPRESS)
     add("--max-test-samples", type=int, default=None, help=argparse.SUPPRESS)
+    add("--num-workers", type=int, default=16, help=argparse.SUPPRESS)  # per data loader
     return parser.parse_args(argv)
 
 
