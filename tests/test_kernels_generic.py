@@ -352,9 +352,9 @@ def test_every_op_has_a_cuda_kernel():
 
 
 class _TwoStages(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, width: int = 2100) -> None:
         super().__init__()
-        self.fc1, self.fc2 = torch.nn.Linear(6, 2100), torch.nn.Linear(2100, 3)
+        self.fc1, self.fc2 = torch.nn.Linear(6, width), torch.nn.Linear(width, 3)
         self.loss = torch.nn.CrossEntropyLoss()
 
     def forward(self, x, y):
@@ -514,21 +514,7 @@ def test_fused_optimizer_on_cuda_matches_the_cpu(kind, off_chip):
 @needs_cuda
 @pytest.mark.parametrize("off_chip", [False, True], ids=["on-chip", "off-chip"])
 def test_two_stage_training_model_on_cuda_matches_eager(off_chip):
-    class TwoStages(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc1, self.fc2 = torch.nn.Linear(6, 16), torch.nn.Linear(16, 3)
-            self.loss = torch.nn.CrossEntropyLoss()
-
-        def forward(self, x, y):
-            with poptorch.Block("B1", ipu_id=0):
-                h = torch.relu(self.fc1(x))
-            with poptorch.Block("B2", ipu_id=1):
-                out = self.fc2(h)
-                loss = self.loss(out, y)
-            return out, loss
-
-    model = TwoStages()
+    model = _TwoStages(width=16)
     reference = copy.deepcopy(model)
     opts = (
         poptorch.Options()
