@@ -366,19 +366,25 @@ class _TwoStages(torch.nn.Module):
         return out, loss
 
 
-def _train_two_stages(opt_name: str) -> tuple[list[torch.Tensor], list]:
-    torch.manual_seed(0)
-    model = _TwoStages()
+def _pipelined_options(ga: int, on_chip_optimizer: bool) -> poptorch.Options:
+    """2 device iterations of ``ga`` pipelined micro-batches, outputs summed."""
     opts = (
         poptorch.Options()
         .deviceIterations(2)
         .setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.SameAsIpu))
     )
-    opts.Training.gradientAccumulation(3)
+    opts.Training.gradientAccumulation(ga)
     opts.outputMode(poptorch.OutputMode.Sum)
     opts.TensorLocations.setOptimizerLocation(
-        poptorch.TensorLocationSettings().useOnChipStorage(False)
+        poptorch.TensorLocationSettings().useOnChipStorage(on_chip_optimizer)
     )
+    return opts
+
+
+def _train_two_stages(opt_name: str) -> tuple[list[torch.Tensor], list]:
+    torch.manual_seed(0)
+    model = _TwoStages()
+    opts = _pipelined_options(ga=3, on_chip_optimizer=False)
     make = {
         "AdamW": lambda p: poptorch.optim.AdamW(p, lr=0.01, loss_scaling=16.0, max_grad_norm=0.5),
         "LAMB": lambda p: poptorch.optim.LAMB(p, lr=0.01, loss_scaling=4.0),
@@ -516,16 +522,7 @@ def test_fused_optimizer_on_cuda_matches_the_cpu(kind, off_chip):
 def test_two_stage_training_model_on_cuda_matches_eager(off_chip):
     model = _TwoStages(width=16)
     reference = copy.deepcopy(model)
-    opts = (
-        poptorch.Options()
-        .deviceIterations(2)
-        .setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.SameAsIpu))
-    )
-    opts.Training.gradientAccumulation(4)
-    opts.outputMode(poptorch.OutputMode.Sum)
-    opts.TensorLocations.setOptimizerLocation(
-        poptorch.TensorLocationSettings().useOnChipStorage(not off_chip)
-    )
+    opts = _pipelined_options(ga=4, on_chip_optimizer=not off_chip)
     training = poptorch.trainingModel(
         model, opts, poptorch.optim.AdamW(model.parameters(), lr=0.01, max_grad_norm=0.5)
     )
