@@ -28,11 +28,12 @@ import poptorch
 TUTORIAL = (
     Path(__file__).resolve().parent.parent / "tutorials" / "pipelining" / "mnist_pipeline.py"
 )
-# The tutorial's flags for a quick run: 2 training calls and 1 test call per instance.
+# The tutorial's flags for a quick run: 2 training calls and 1 test call per instance, 2 loader
+# workers per data loader (the tutorial's 16 would start 64 worker processes for 3 calls).
 TUTORIAL_FLAGS = [
     "--epochs", "1", "--batch-size", "8", "--device-iterations", "2",
     "--gradient-accumulation", "8", "--test-batch-size", "8",
-    "--max-train-samples", "512", "--max-test-samples", "256",
+    "--max-train-samples", "512", "--max-test-samples", "256", "--num-workers", "2",
 ]  # fmt: skip
 ROWS, FEATURES, OUTPUTS = 80, 6, 3
 MICRO_BATCH = 2
