@@ -42,25 +42,37 @@ from setuptools import find_packages, setup
 #   sort/bitonic/*, optim/optimizer_tiles.h, engine/tile_engine.h, common/simd.h: c10's scalar
 #   types and TORCH_CHECK at most); module.cpp includes torch's pybind11 casters, not
 #   <torch/extension.h>;
-# - ninja gets the longest files first, so that two cores finish together;
+# - ninja gets the longest files first, so that two cores finish together (in _LONGEST's order;
+#   until 2026-11-29 a set, so they started by name: module.cpp and optimizer_tiles.cpp first,
+#   the 8-lane network third, the build waiting for it alone at the end);
 # - scripts/setup.sh keeps each built library in a cache keyed by the sources, torch, the
 #   compiler and Python, so a fresh clone of a tree built before copies it.
 # What is left is mostly the bitonic network's five files (75 of the 143 s). A lower -O is no
 # way out: the 8-lane network (split vectors) took 175 s at -O2 and 76 s at -O1, the other
 # variants 10-15 s at -O2 (3-4 s less each; their speed there not measured).
 # optimizer_tiles.cpp takes 2.4 s at -O2; at -O3, 8.8 of its 10.6 s optimize the fused
-# optimizers' element loops (-ftime-report's "callgraph functions expansion"). Instantiating
+# optimizers' element loops (-ftime-report's "callgraph functions expansion"). Most of that is
+# loop unswitching on the optimizers' options: with -fno-unswitch-loops (or `#pragma GCC
+# optimize`, the same machine code) the file took 3.9 instead of 20.0 CPU s, with `--param
+# max-unswitch-level=1` 3.6 s, level 2 7.2 s (load 12-16, 2026-11-29, a5318b4), but the steps
+# were slower: CPU time of one step of 2M float32 parameters on one thread (medians of 3 and 2
+# runs, old and new builds alternated), geometric mean of 24 cases (4 optimizers, AVX-512 and
+# AVX2) 1.29x (no unswitching) and 1.54x (level 1), SGD without momentum 1.7-5.3x. Unswitching
+# by hand only the options that matter (templates) is what is left there. Instantiating
 # the test-only 8-lane network for 5 of the 9 dtypes would save about 7 s, but each dtype has
 # its own lane code there, which only that hook runs on CPUs without AVX-512. A precompiled
 # header of torch's headers was 430 MB (benchmarks/RESULTS.md).
-_LONGEST = {
+# The longest files, longest first: ninja starts them in this order (see _longest_first; a set
+# here had them started by name, module.cpp and optimizer_tiles.cpp before the bitonic files).
+_LONGEST = [
     "csrc/sort/bitonic_8_lanes.cpp",
-    "csrc/sort/bitonic_avx512.cpp",
     "csrc/sort/bitonic_avx2.cpp",
+    "csrc/sort/bitonic_avx512.cpp",
     "csrc/sort/bitonic_base.cpp",
     "csrc/optim/optimizer_tiles.cpp",
+    "csrc/library.cpp",
     "csrc/module.cpp",
-}
+]
 
 
 def _extensions() -> tuple[list, dict]:
@@ -111,8 +123,9 @@ def _longest_first(build_ext: type) -> type:
             compile_sources = self.compiler.compile
 
             def compile_longest_first(sources, *args, **kwargs):
-                def key(path: str) -> tuple[bool, str]:
-                    return (os.path.relpath(path) not in _LONGEST, path)
+                def key(path: str) -> tuple[int, str]:
+                    rel = os.path.relpath(path)
+                    return (_LONGEST.index(rel) if rel in _LONGEST else len(_LONGEST), path)
 
                 return compile_sources(sorted(sources, key=key), *args, **kwargs)
 
