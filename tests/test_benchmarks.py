@@ -6,16 +6,14 @@ scripts from rotting when the code under them changes.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
-import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from in_process import run_script
 
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = sorted(
@@ -41,9 +39,6 @@ EXTRA_ARGS = {
     "scale_out.py": ["--skip-sizes", "--rows", "1x1,2x2"],
 }
 RATIO = re.compile(r"\d+(\.\d+)?\s*[x×]|ratio[^:\n]*:\s*\d")
-# Modules the scripts import from beside themselves (``timing``, ``models``, ``published``,
-# the packing tutorial's ``packed_bert``): dropped after each run, so every run imports its own.
-LOCAL_MODULES = (REPO / "benchmarks", REPO / "tutorials")
 
 
 def test_every_benchmark_script_has_a_quick_mode() -> None:
@@ -68,54 +63,16 @@ def _run(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess
     )
 
 
-def _run_in_process(
-    script: str, args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[int, str]:
-    """Runs benchmarks/``script`` as ``__main__`` in this process (a fresh module namespace),
-    from ``cwd`` and offline; returns its exit status and what it printed.
-
-    A subprocess would import torch again (seconds of CPU per script). What the scripts change
-    in the process is put back: the environment, ``sys.path``, the intra-op thread count and
-    torch's random state; modules they imported from ``benchmarks/`` or ``tutorials/`` are
-    dropped.
-    """
-    import torch
-
-    path = REPO / "benchmarks" / script
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", [str(path), *args])
-    monkeypatch.setattr(sys, "path", [str(path.parent), *sys.path])  # as `python script.py`
-    environ = dict(os.environ)
-    threads, rng = torch.get_num_threads(), torch.get_rng_state()
-    modules = set(sys.modules)
-    out = io.StringIO()
-    status = 0
-    try:
-        os.environ["POPTORCH_SIM_OFFLINE"] = "1"
-        with contextlib.redirect_stdout(out):
-            runpy.run_path(str(path), run_name="__main__")
-    except SystemExit as exit:
-        status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-        torch.set_num_threads(threads)
-        torch.set_rng_state(rng)
-        for name in set(sys.modules) - modules:
-            origin = getattr(sys.modules[name], "__file__", None) or ""
-            if any(Path(origin).is_relative_to(folder) for folder in LOCAL_MODULES):
-                del sys.modules[name]
-    return status, out.getvalue()
-
-
 @pytest.mark.parametrize("script", BENCHMARKS)
 def test_quick_mode_runs_and_prints_ratios(
-    script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    script: str, tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    status, stdout = _run_in_process(
-        script, ["--quick", *EXTRA_ARGS.get(script, [])], tmp_path, monkeypatch
-    )
-    assert status == 0, f"{script} --quick exited {status}:\n{stdout[-4000:]}"
+    # In this process (tests/in_process.py): a subprocess would import torch again.
+    status, stdout, stderr = run_script(
+        REPO / "benchmarks" / script, "--quick", *EXTRA_ARGS.get(script, []),
+        cwd=tmp_path, capfd=capfd, monkeypatch=monkeypatch,
+    )  # fmt: skip
+    assert status == 0, f"{script} --quick exited {status}:\n{stdout[-2000:]}\n{stderr[-4000:]}"
     assert RATIO.search(stdout), f"{script} --quick printed no ratio:\n{stdout[-2000:]}"
 
 

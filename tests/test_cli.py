@@ -3,30 +3,27 @@
 Each command runs as ``python -m`` in its feature's tests: ``python -m poptorch_sim`` in
 ``test_api.py``, ``.shard`` in ``test_sharding.py``, ``.poprun`` in ``test_distributed.py``,
 ``.memory`` in ``test_memory.py``; ``.datasets`` here, in this process, found and run as
-``python -m`` finds and runs it (``runpy``).
+``python -m`` finds and runs it (``tests/in_process.py``).
 """
 
 from __future__ import annotations
 
 import importlib
-import runpy
-import sys
 
 import pytest
+from in_process import run_module
 
 import poptorch_sim
 
 
 def test_datasets_command_answers_at_its_documented_path(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The other commands run as subprocesses in their features' tests.
-    monkeypatch.setattr(sys, "argv", ["-m", "--help"])
-    monkeypatch.delitem(sys.modules, "poptorch_sim.datasets.__main__", raising=False)
-    with pytest.raises(SystemExit) as done:
-        runpy.run_module("poptorch_sim.datasets", run_name="__main__", alter_sys=True)
-    assert done.value.code == 0
-    assert "python -m poptorch_sim.datasets" in capsys.readouterr().out
+    status, out, err = run_module(
+        "poptorch_sim.datasets", "--help", capfd=capfd, monkeypatch=monkeypatch
+    )
+    assert status == 0, err[-2000:]
+    assert "python -m poptorch_sim.datasets" in out
 
 
 @pytest.mark.parametrize("name", ["_impl", "_logging", "poptorch_core"])

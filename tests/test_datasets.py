@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,17 +19,6 @@ from poptorch_sim.datasets import (
 )
 
 NUM_TRAIN, NUM_TEST, NOISE, VARIANTS = 600, 200, 0.05, 4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """The stand-in renders on one intra-op thread: the same bytes as on several, and on a
-    loaded machine each of its small parallel ops no longer waits a time slice for a second
-    core to be free (600 images: 6 s on two threads there, 0.06 s on one)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -62,12 +62,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One launch of 2 instances: the training runs, then the tutorial (output tagged)."""
     out = tmp_path_factory.mktemp("instances")
     data = out / "mnist"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same bytes; see test_datasets.py's one_thread
-    try:
-        write_standin(data, num_train=512, num_test=256, variants=2)
-    finally:
-        torch.set_num_threads(threads)
+    write_standin(data, num_train=512, num_test=256, variants=2)
     proc = _poprun(
         "--num-instances", "2", "--num-replicas", "4", "--ipus-per-replica", "2",
         "--tag-output", str(PROGRAM), "train", str(out), str(data), cwd=out,

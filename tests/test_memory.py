@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from in_process import run_module
 from torch import nn
 
 import poptorch_sim as poptorch
@@ -786,21 +787,6 @@ def test_single_ipu_training_holds_one_micro_batch() -> None:
     model.destroy()
 
 
-def _memory_command(
-    *argv: str, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> tuple[int, str]:
-    """``python -m poptorch_sim.memory *argv``, run in this process: its exit status and output."""
-    import runpy
-    import sys
-
-    monkeypatch.setattr(sys, "argv", ["python -m poptorch_sim.memory", *argv])
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the program's folder goes first
-    capfd.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        runpy.run_module("poptorch_sim.memory", run_name="__main__", alter_sys=True)
-    return exited.value.code, capfd.readouterr().out
-
-
 def test_planner_command_prints_the_report_of_the_first_compile(
     tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -815,10 +801,12 @@ def test_planner_command_prints_the_report_of_the_first_compile(
     monkeypatch.setenv("POPTORCH_SIM_IPU_MEMORY", "100KB")
     plot = tmp_path / "memory.png"
     for width, status in ((16, 0), (4096, 1)):
-        code, out = _memory_command(
-            "--plot", str(plot), str(script), str(width), capfd=capfd, monkeypatch=monkeypatch
-        )
-        assert code == status, out[-2000:]
+        # ``python -m poptorch_sim.memory ...``, run in this process (tests/in_process.py)
+        code, out, err = run_module(
+            "poptorch_sim.memory", "--plot", str(plot), str(script), str(width),
+            capfd=capfd, monkeypatch=monkeypatch,
+        )  # fmt: skip
+        assert code == status, err[-2000:]
         assert "Memory per IPU" in out and "went on running" not in out
         assert ("OUT OF MEMORY" in out) == (status == 1)
     assert plot.exists()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import io
 import os
-import runpy
 import sys
 import textwrap
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from in_process import run_module
 from oracle import expected_output, train_reference
 from torch import nn
 
@@ -361,7 +361,7 @@ def test_the_sharder_annotation_wins_over_options(tmp_path: Path) -> None:
 
 
 def test_the_shard_command_runs_a_script_with_the_yaml_applied(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "shard.yaml").write_text(
         "- {node: cos, device: 0, stage: 0}\n- {node: mul, device: 1, stage: 1}\n"
@@ -390,19 +390,18 @@ def test_the_shard_command_runs_a_script_with_the_yaml_applied(
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert shard_main(["--config", "shard.yaml", "script.py", "3"]) == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert "3 split points from shard.yaml" in out
     assert out.strip().splitlines()[-1] == "[0, 1, 2]"
     assert os.environ["POPTORCH_SIM_SHARDING_CONFIG"] == str(tmp_path / "shard.yaml")
     # As a command: ``python -m poptorch_sim.shard``, here with a bad config (run in this
-    # process, as ``python -m`` runs it).
+    # process: tests/in_process.py).
     (tmp_path / "bad.yaml").write_text("- {node: cos, device: 0}\n- {node: cos, device: 1}\n")
-    monkeypatch.setenv("POPTORCH_SIM_OFFLINE", "1")
-    monkeypatch.setattr(sys, "argv", ["python -m poptorch_sim.shard", "--config", "bad.yaml",
-                                      "--check"])  # fmt: skip
-    with pytest.raises(SystemExit) as bad:
-        runpy.run_module("poptorch_sim.shard", run_name="__main__", alter_sys=True)
-    assert bad.value.code == 2 and "duplicate node 'cos'" in capsys.readouterr().err
+    status, _, err = run_module(
+        "poptorch_sim.shard", "--config", "bad.yaml", "--check", capfd=capfd,
+        monkeypatch=monkeypatch,
+    )  # fmt: skip
+    assert status == 2 and "duplicate node 'cos'" in err
 
 
 class InPlace(nn.Module):

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+from in_process import run_module
 from torch import nn
 
 import poptorch_sim as poptorch
@@ -318,8 +319,6 @@ def test_the_time_planner_balances_predicted_time_and_states_the_speedup() -> No
 def test_the_memory_command_prints_the_time_report_too(
     tmp_path: object, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import runpy
-    import sys
     from pathlib import Path
 
     script = Path(str(tmp_path)) / "train.py"
@@ -328,15 +327,12 @@ def test_the_memory_command_prints_the_time_report_too(
         "model = poptorch.inferenceModel(torch.nn.Linear(8, 8))\n"
         "model(torch.randn(2, 8))\n"
     )
-    monkeypatch.setenv("POPTORCH_SIM_IPU_VERSION", "21")
-    # ``python -m poptorch_sim.memory train.py``, run in this process
-    monkeypatch.setattr(sys, "argv", ["python -m poptorch_sim.memory", str(script)])
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the program's folder goes first
-    capfd.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        runpy.run_module("poptorch_sim.memory", run_name="__main__", alter_sys=True)
-    out = capfd.readouterr().out
-    assert exited.value.code == 0, out[-2000:]
+    # ``python -m poptorch_sim.memory train.py``, run in this process (tests/in_process.py)
+    status, out, err = run_module(
+        "poptorch_sim.memory", str(script), capfd=capfd, monkeypatch=monkeypatch,
+        env={"POPTORCH_SIM_IPU_VERSION": "21"},
+    )  # fmt: skip
+    assert status == 0, err[-2000:]
     assert "Memory per IPU" in out
     assert "Time per call (prediction for Bow IPUs at 1.850 GHz" in out
 

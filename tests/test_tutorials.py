@@ -5,18 +5,15 @@ and transformers again."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import runpy
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from in_process import run_script
 
 from poptorch_sim.datasets import write_standin
-from poptorch_sim.logger import logger
 
 REPO = Path(__file__).resolve().parent.parent
 PIPELINE = REPO / "tutorials" / "pipelining" / "mnist_pipeline.py"
@@ -37,23 +34,14 @@ def _run_here(
     capfd: pytest.CaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> str:
-    """Runs ``script`` as its ``__main__`` in this process, in ``cwd``; returns what it printed.
-    What a script may change for the rest of its process (environment variables, the log level,
-    the intra-op threads) is put back afterwards."""
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", [str(script), *args])
-    monkeypatch.setattr(sys, "path", [str(script.parent), *sys.path])
-    environ, threads, level = dict(os.environ), torch.get_num_threads(), logger.level
-    os.environ.update(POPTORCH_SIM_OFFLINE="1", OMP_NUM_THREADS="1")  # the latter for children
-    capfd.readouterr()
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-        torch.set_num_threads(threads)
-        logger.setLevel(level)
-    return capfd.readouterr().out
+    """What ``script`` printed, run in this process (tests/in_process.py), its child processes
+    (the loaders' workers) on one OpenMP thread; it must exit with 0."""
+    env = {"OMP_NUM_THREADS": "1"}
+    status, out, err = run_script(
+        script, *args, cwd=cwd, capfd=capfd, monkeypatch=monkeypatch, env=env
+    )
+    assert status == 0, f"{script.name} {' '.join(args)} exited {status}:\n{err[-4000:]}"
+    return out
 
 
 def _test_accuracy(stdout: str) -> float:
