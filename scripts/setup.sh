@@ -65,6 +65,7 @@ install_requirements() {
         .venv/bin/python -m pip install -q -r requirements-dev.txt
     fi
 }
+# "bytecode": a venv whose requirements were installed without it installs them once more.
 step requirements "$(fingerprint requirements.txt requirements-dev.txt) bytecode" install_requirements
 # What the package and the extension are built against: requirements.txt pins torch. The test
 # tools of requirements-dev.txt are not part of it, so adding one rebuilds nothing.
