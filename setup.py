@@ -62,17 +62,97 @@ from setuptools import find_packages, setup
 # the test-only 8-lane network for 5 of the 9 dtypes would save about 7 s, but each dtype has
 # its own lane code there, which only that hook runs on CPUs without AVX-512. A precompiled
 # header of torch's headers was 430 MB (benchmarks/RESULTS.md).
+#
+# [Note: the 8-lane hook]
+# csrc/sort/bitonic_8_lanes.cpp, the longest file (24-32 of 143-185 CPU s), is no kernel: it is
+# the AVX-512 variant's network compiled for AVX2, so that the tests check that logic on CPUs
+# without AVX-512 (torch.ops.poptorch_sim._sort_rows_8_lanes). Where the CPU that builds the
+# library has AVX-512, the tests run the AVX-512 variant itself, so the hook is left out
+# (-DPOPTORCH_SIM_NO_8_LANES: the op stays, says why it cannot run, and
+# _sort_rows_8_lanes_built() is false; its tests skip, saying so). POPTORCH_SIM_BUILD_8_LANES=1
+# builds it anyway, =0 never.
 # The longest files, longest first: ninja starts them in this order (see _longest_first; a set
 # here had them started by name, module.cpp and optimizer_tiles.cpp before the bitonic files).
 _LONGEST = [
     "csrc/sort/bitonic_8_lanes.cpp",
-    "csrc/sort/bitonic_avx2.cpp",
     "csrc/sort/bitonic_avx512.cpp",
+    "csrc/sort/bitonic_avx2.cpp",
+    "build/units/sort_ops.cpp",
     "csrc/sort/bitonic_base.cpp",
     "csrc/optim/optimizer_tiles.cpp",
     "csrc/library.cpp",
     "csrc/module.cpp",
+    "build/units/glue.cpp",
 ]
+
+
+# [Note: compile units]
+# The thin torch-facing files each parsed <ATen/core/Tensor.h> and the standard headers again, so
+# they are compiled as a few units, each one generated file that includes its members (a unity
+# build, as CMake's UNITY_BUILD makes): csrc/ keeps one file per concern, and a unit's members
+# must not define the same name in an anonymous namespace (the compiler says so). CPU seconds of
+# each compiled alone with the build's flags, 2-vCPU Intel Xeon (AVX-512), GCC 12.2, 2026-11-29:
+# the sort unit 14.1 (its members apart 24.3), the glue unit 7.4 (apart 20.1). library.cpp and
+# module.cpp together took 18.9 against 20 apart, so they stay two units (two cores share them).
+# radix.cpp's constants share names with scatter_sort.cpp's, so it joins the glue unit.
+_UNITS = {
+    "sort_ops": [
+        "csrc/sort/sort.cpp",
+        "csrc/sort/topk.cpp",
+        "csrc/sort/nms.cpp",
+        "csrc/sort/scatter_sort.cpp",
+        "csrc/sort/bitonic.cpp",
+    ],
+    "glue": [
+        "csrc/optim/optimizer.cpp",
+        "csrc/optim/offload.cpp",
+        "csrc/optim/accumulate.cpp",
+        "csrc/engine/streams.cpp",
+        "csrc/engine/output_cache.cpp",
+        "csrc/engine/worker_memory.cpp",
+        "csrc/engine/tile_engine.cpp",
+        "csrc/common/simd.cpp",
+        "csrc/sort/radix.cpp",
+    ],
+}
+
+
+def _compile_units(sources: list[str]) -> list[str]:
+    """``sources`` with each unit's members replaced by its file (see [Note: compile units])."""
+    members = {member for unit in _UNITS.values() for member in unit}
+    unknown = sorted(members - set(sources))
+    if unknown:
+        raise SystemExit(f"setup.py: _UNITS names files csrc/ does not have: {unknown}")
+    os.makedirs(os.path.join("build", "units"), exist_ok=True)
+    units = []
+    for name, unit in _UNITS.items():
+        path = os.path.join("build", "units", f"{name}.cpp")
+        text = "// Made by setup.py: see [Note: compile units].\n" + "".join(
+            f'#include "{os.path.relpath(member, "csrc")}"\n' for member in unit
+        )
+        if not os.path.exists(path) or open(path).read() != text:  # unchanged: ninja skips it
+            with open(path, "w") as out:
+                out.write(text)
+        units.append(path)
+    return [source for source in sources if source not in members] + units
+
+
+_AVX512_FLAGS = {"avx512f", "avx512vl", "avx512bw", "avx512dq"}  # csrc/common/simd.cpp's
+
+
+def _build_8_lanes() -> bool:
+    """Whether to compile the 8-lane test hook: see [Note: the 8-lane hook]."""
+    setting = os.environ.get("POPTORCH_SIM_BUILD_8_LANES", "auto")
+    if setting in ("0", "1"):
+        return setting == "1"
+    if setting != "auto":
+        raise SystemExit(f"POPTORCH_SIM_BUILD_8_LANES={setting!r}: use 1, 0 or auto (the default)")
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = set(cpuinfo.read().split())
+    except OSError:  # not Linux: build it
+        return True
+    return not _AVX512_FLAGS <= flags
 
 
 def _extensions() -> tuple[list, dict]:
@@ -94,6 +174,10 @@ def _extensions() -> tuple[list, dict]:
     # -g0 overrides the -g in Python's CFLAGS: with debug info, compiling the then-largest source file took
     # 58 instead of 25 CPU seconds, and the library was 31 MB instead of 2 MB.
     cxx = ["-O3", "-g0", "-std=c++20", "-fopenmp", "-ffp-contract=off"]
+    if not _build_8_lanes():
+        sources.remove(os.path.join("csrc", "sort", "bitonic_8_lanes.cpp"))
+        cxx.append("-DPOPTORCH_SIM_NO_8_LANES")
+    sources = _compile_units(sources)
     kwargs = dict(
         name="poptorch_sim._C",
         sources=sources + (cuda_sources if use_cuda else []),

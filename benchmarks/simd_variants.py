@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(header())
     levels = engine.SIMD_LEVELS[: engine.SIMD_LEVELS.index(kernels.supported_simd_level()) + 1]
-    hook = getattr(torch.ops.poptorch_sim, "_sort_rows_8_lanes", None)
+    # the 8-lane test hook, where setup.py built it (see [Note: the 8-lane hook] there)
+    built = torch.ops.poptorch_sim._sort_rows_8_lanes_built()
+    hook = torch.ops.poptorch_sim._sort_rows_8_lanes if built else None
     names = ["default", *levels, *(["8-lane hook"] if hook is not None else []), "torch", "np"]
     print(f"{'rows x length':<14}" + "".join(f"{name:>13}" for name in names) + "  (ms)")
     for n in args.lengths:

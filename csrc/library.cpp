@@ -114,6 +114,7 @@ TORCH_LIBRARY_FRAGMENT(poptorch_sim, m) {
   // tensor). And the measured choice of [Note: streaming stores].
   m.def("_sort_rows_8_lanes(Tensor self, bool descending=False) -> (Tensor values, Tensor indices)",
         &poptorch_sim::sorting::sort_rows_8_lanes);
+  m.def("_sort_rows_8_lanes_built() -> bool", &poptorch_sim::sorting::sort_rows_8_lanes_built);
   m.def("sort_set_stream_mid_rows(bool stream) -> bool",
         &poptorch_sim::sorting::bitonic::set_stream_mid_rows);
   m.def("sort_stream_mid_rows() -> bool", &poptorch_sim::sorting::bitonic::stream_mid_rows);

@@ -98,8 +98,11 @@ build_extension() {
 }
 compgen -G "poptorch_sim/_C*.so" >/dev/null || rm -f "$stamps/extension"
 # Every file under csrc/ (one folder per op family), in a fixed order, and what else the library
-# depends on: the compiler, the Python and whether a CUDA build was asked for or is possible.
+# depends on: the compiler, the Python, whether a CUDA build was asked for or is possible, and
+# whether the 8-lane test hook is (the CPU's AVX-512; see [Note: the 8-lane hook] in setup.py).
 toolchain=$( (c++ --version | head -1; .venv/bin/python -VV; uname -m
-    echo "${POPTORCH_SIM_BUILD_CUDA:-}"; compgen -G "/dev/nvidia[0-9]*" || true) | sha256sum)
+    echo "${POPTORCH_SIM_BUILD_CUDA:-}"; compgen -G "/dev/nvidia[0-9]*" || true
+    echo "${POPTORCH_SIM_BUILD_8_LANES:-}"; { grep -ow 'avx512[a-z]*' /proc/cpuinfo 2>/dev/null || true; } | sort -u) |
+    sha256sum)
 print=$(fingerprint setup.py $(find csrc -type f | LC_ALL=C sort) | cut -c1-32)-${toolchain:0:16}-${deps:0:16}
 step extension "$print" build_extension "$print"

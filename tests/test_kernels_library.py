@@ -23,6 +23,7 @@ SCHEMAS = [
         "poptorch_sim::_sort_rows_8_lanes(Tensor self, bool descending=False) -> (Tensor values, "
         "Tensor indices)"
     ),
+    "poptorch_sim::_sort_rows_8_lanes_built() -> bool",
     "poptorch_sim::accumulate_(Tensor(a!) accum, Tensor grad, float scale) -> ()",
     "poptorch_sim::accumulate_many_(Tensor(a!)[] accums, Tensor[] grads, float scale) -> ()",
     (

@@ -13,6 +13,7 @@ from test_kernels_sort_short import (
     _ordered_keys,
     _rows,
     _same_bits_at_every_level,
+    needs_8_lanes,
 )
 
 from poptorch_sim import kernels
@@ -67,7 +68,7 @@ def test_column_chunks_give_the_same_bits_at_every_level() -> None:
     )
 
 
-@pytest.mark.skipif("avx2" not in LEVELS, reason="the 8-lane network is compiled for AVX2 here")
+@needs_8_lanes
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.int64], ids=str)
 def test_8_lane_network_sorts_column_chunks(dtype: torch.dtype) -> None:
     for n in LENGTHS:

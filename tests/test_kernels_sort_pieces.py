@@ -14,6 +14,7 @@ from test_kernels_sort_short import (
     _rows,
     _same_bits_at_every_level,
     _wide_rows,
+    needs_8_lanes,
 )
 
 from poptorch_sim import kernels
@@ -70,7 +71,7 @@ def test_partitioned_rows_give_the_same_bits_at_every_level() -> None:
     _same_bits_at_every_level(cases)
 
 
-@pytest.mark.skipif("avx2" not in LEVELS, reason="the 8-lane network is compiled for AVX2 here")
+@needs_8_lanes
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.int64], ids=str)
 def test_8_lane_network_cuts_partitioned_rows(dtype: torch.dtype) -> None:
     for n in (513, 3001, 8192, 32768):

@@ -9,31 +9,13 @@ namespace bitonic {
 
 namespace {
 
-constexpr int64_t kBaseBuffer = padded_size(kBitonicBaseMax, 8);
-
-// GCC 12 cannot see that n <= kBitonicBaseMax keeps the network inside buf, and warns about the
-// network's loops for longer rows (-Warray-bounds), which these calls never run; nor that
-// sort_items fills buf (items, then padding) before its first load (-Wmaybe-uninitialized).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-POPSIM_AVX512 void sort_small_avx512(uint64_t* items, int64_t n) {
-  int64_t buf[kBaseBuffer];
-  native::sort_items<8>(items, n, buf);
+// The variants' networks out of line (sort_row_items_once, defined in bitonic_<variant>.cpp):
+// this file compiles no copy of its own.
+template <int W>
+void sort_small_lanes(uint64_t* items, int64_t n) {
+  int64_t buf[2 * padded_size(kBitonicBaseMax, W)];
+  native::sort_items<W>(items, n, buf);
 }
-
-POPSIM_AVX2 void sort_small_avx2(uint64_t* items, int64_t n) {
-  int64_t buf[kBaseBuffer];
-  native::sort_items<4>(items, n, buf);
-}
-
-void sort_small_base(uint64_t* items, int64_t n) {
-  int64_t buf[kBaseBuffer];
-  native::sort_items<2>(items, n, buf);
-}
-
-#pragma GCC diagnostic pop
 
 }  // namespace
 
@@ -43,7 +25,7 @@ bool set_stream_mid_rows(bool stream) { return stream_mid_rows_setting.exchange(
 
 void sort_small(uint64_t* items, int64_t n, simd::Level level) {
   TORCH_CHECK(n <= kBitonicBaseMax, "poptorch_sim: bitonic::sort_small got ", n, " items");
-  simd::pick(level, &sort_small_avx512, &sort_small_avx2, &sort_small_base)(items, n);
+  simd::pick(level, &sort_small_lanes<8>, &sort_small_lanes<4>, &sort_small_lanes<2>)(items, n);
 }
 
 }  // namespace bitonic

@@ -13,6 +13,7 @@ namespace sorting {
 std::tuple<at::Tensor, at::Tensor> sort_cpu(const at::Tensor& self, int64_t dim, bool descending);
 at::Tensor argsort_cpu(const at::Tensor& self, int64_t dim, bool descending);
 std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, bool descending);
+bool sort_rows_8_lanes_built();
 
 // topk.cpp
 std::tuple<at::Tensor, at::Tensor> topk_cpu(

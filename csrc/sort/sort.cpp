@@ -214,7 +214,21 @@ at::Tensor argsort_cpu(const at::Tensor& self, int64_t dim, bool descending) {
 // network that AVX-512 CPUs run, here compiled for AVX2, so that its logic is checked on CPUs
 // without AVX-512 too. float32, int32 and the 16-bit dtypes take the vector paths, the 8-bit ones
 // the scalar codec, int64 and float64 the wide-key rows (see [Note: wide keys]).
+// setup.py leaves it out where the CPU that builds the library has AVX-512 (see [Note: the 8-lane
+// hook] in setup.py): there the tests run the AVX-512 variant itself.
+bool sort_rows_8_lanes_built() {
+#ifdef POPTORCH_SIM_NO_8_LANES
+  return false;
+#else
+  return true;
+#endif
+}
+
 std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, bool descending) {
+  TORCH_CHECK(sort_rows_8_lanes_built(),
+              "poptorch_sim::_sort_rows_8_lanes: this library was built without the 8-lane network "
+              "(the CPU that built it has AVX-512 and runs that variant itself); build it with "
+              "POPTORCH_SIM_BUILD_8_LANES=1 python setup.py build_ext --inplace to have it");
   check_sortable(self, "_sort_rows_8_lanes");
   TORCH_CHECK(simd::supported() >= simd::Level::kAvx2,
               "poptorch_sim::_sort_rows_8_lanes: needs a CPU with AVX2, this one has ",
@@ -228,6 +242,7 @@ std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, boo
   if (input.numel() == 0) {
     return {values, indices};
   }
+#ifndef POPTORCH_SIM_NO_8_LANES
   dispatch_sort_type(input.scalar_type(), "_sort_rows_8_lanes", [&](auto scalar_tag,
                                                                     auto codec_tag) {
     using scalar_t = decltype(scalar_tag);
@@ -243,6 +258,7 @@ std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, boo
                              descending ? 0xffffffffu : 0u, values.mutable_data_ptr<scalar_t>(),
                              indices.mutable_data_ptr<int64_t>(), scope, sort_rows);
   });
+#endif
   return {values, indices};
 }
 
