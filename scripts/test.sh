@@ -12,6 +12,6 @@ if [ "${1:-}" == "--all" ]; then
 fi
 # One test process per core the command may use, at least 2 (much of a test's time is spent
 # waiting on threads and child processes); POPTORCH_SIM_TEST_WORKERS overrides it. Each process
-# has its own SIMD choice cache (tests/conftest.py).
+# has its own SIMD choice cache, and takes whole files, longest first (both in tests/conftest.py).
 workers=${POPTORCH_SIM_TEST_WORKERS:-$(( $(nproc) > 2 ? $(nproc) : 2 ))}
-.venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" ${select[@]+"${select[@]}"} "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile --no-loadscope-reorder ${select[@]+"${select[@]}"} "$@"
