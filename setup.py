@@ -8,7 +8,35 @@ import os
 from setuptools import find_packages, setup
 
 # [Note: build time]
-# A cold build of the extension is the compiler's work on 21 files. CPU seconds (user + sys) of
+# A cold build of the extension is the compiler's work on 8 units made of 20 files (9 of 21 with
+# the 8-lane hook): the three SIMD variants of the bitonic network, optimizer_tiles.cpp,
+# library.cpp, module.cpp and two units of thin torch-facing files (see [Note: compile units]).
+# Cold builds in a clone (`rm -rf build poptorch_sim/_C*.so; /usr/bin/time python setup.py -q
+# build_ext --inplace`, ninja's default 3 jobs), 2-vCPU Intel Xeon (AVX-512) VM, GCC 12.2,
+# quiet but for its host, 2026-11-29, 9770165 and 1c8a29c in turn, twice: 104 and 116 -> 68 and
+# 76 s wall, 202 and 227 -> 129 and 144 CPU s (the main checkout at 1c8a29c: 56 s, 107 CPU s;
+# with the 8-lane hook, POPTORCH_SIM_BUILD_8_LANES=1: 67 s, 131 CPU s). The host's speed moves
+# by a third between hours: 9770165 built in 75 s on 2026-11-28. What changed:
+# - the 8-lane test hook is built only where the building CPU lacks AVX-512 (see [Note: the
+#   8-lane hook]): 24-32 CPU s;
+# - the thin torch-facing files compile as two units: 14.1 and 7.4 CPU s, where their members
+#   took 24.3 and 20.1 apart;
+# - sort_small (sort/bitonic.cpp) calls the variants' network out of line instead of compiling
+#   three copies of its own: 5.4 -> 2.4 s. The sorts that end in it take the same time: one row
+#   of 2^18 (the radix and scatter sorts) and, as a control, 64 rows of 4096, five dtypes,
+#   AVX-512 and AVX2, one thread, fastest of 15 calls, the two builds in the order
+#   old-new-new-old three times: geometric mean 0.94x.
+#   (Alternating old-new only favours the first: the same build against itself gave 1.17x.)
+# Tried and left (old-new order, so the new side is up to 1.2x too slow): rows of kRun through
+# the out-of-line column network instead of the registers (sort_run_rows) saved at most 2 s per
+# variant, int32 rows of 16 took 1.10x; the short rows' column size P as an argument instead
+# of a template parameter saved about 3 s per variant, and rows of 4 took 1.4-1.6x (fastest of
+# 41 calls, six alternations). In optimizer_tiles.cpp, templates for the options that guard stores with GCC's unswitching off
+# took the file from 10 to 3 CPU s, but GCC then vectorised neither SGD's nor Adam's element
+# loop ("control flow in loop": the other options' selects) and the steps took 1.9x
+# (geometric mean of 20 cases, old-new order, bit-identical); with unswitching on, 33 s.
+#
+# Before 2026-11-29: 21 files. CPU seconds (user + sys) of
 # each compiled alone with build.ninja's command (`/usr/bin/time -f %U+%S c++ <cflags> -c FILE
 # <post_cflags>`, two at a time), 2-vCPU Intel Xeon (AVX-512) VM, GCC 12.2, shared (load 5-8),
 # 2026-11-28, at 4691d3d -> 7ac659a (every op registered in library.cpp; files whose source did
