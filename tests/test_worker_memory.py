@@ -5,7 +5,9 @@ tensors are PyTorch's as before; training through it gives eager's numbers."""
 from __future__ import annotations
 
 import copy
+import gc
 import multiprocessing
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -242,3 +244,45 @@ def test_destroy_frees_the_idle_blocks() -> None:
     assert worker_memory.stats().idle_bytes > 0
     wrapped.destroy()
     assert worker_memory.stats().idle_bytes == 0
+
+
+class Collecting(nn.Module):
+    """Runs the garbage collector in the middle of its forward, as allocation can, and the call
+    a pipeline's finalizer makes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gc.collect()
+        worker_memory.trim()
+        return x + 1
+
+
+def _drop_a_pipeline() -> None:
+    """A trained two-IPU pipeline left for the collector alone (a reference cycle)."""
+    model = Wide()
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(4)
+    training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    training(torch.randn(64, 512), torch.randint(0, 8, (64,)))
+    unreachable: list[Any] = [training]
+    unreachable.append(unreachable)
+
+
+def test_a_pipeline_collected_during_another_capture_leaves_that_capture_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A pipeline's finalizer frees the pool's idle blocks (worker_memory.trim). Run by the
+    # collector inside another model's capture, the call was recorded into torch.export's graph,
+    # and once failed inside poptorch_sim's own capture ("'_ModuleStackTracer' object has no
+    # attribute 'graph'", an exception the finalizer could only print).
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    gc.collect()
+    _drop_a_pipeline()
+    exported = torch.export.export(Collecting(), (torch.randn(3),))
+    calls = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert calls == [torch.ops.aten.add.Tensor]
+
+    _drop_a_pipeline()
+    x = torch.randn(3)
+    torch.testing.assert_close(poptorch.inferenceModel(Collecting())(x), x + 1, rtol=0, atol=0)
+    assert [hook.exc_value for hook in unraisable] == []

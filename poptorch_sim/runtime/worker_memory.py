@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import env
 
@@ -67,9 +68,17 @@ def pooled() -> Iterator[None]:
 
 
 def trim() -> int:
-    """Free the pool's idle blocks; returns their bytes."""
+    """Free the pool's idle blocks; returns their bytes.
+
+    A pipeline's finalizer calls it, and the garbage collector runs finalizers wherever it
+    starts: inside another model's capture too, whose torch-function and dispatch modes then
+    recorded the call into that graph or failed on it. The call leaves them out.
+    """
     ops = _ops()
-    return 0 if ops is None else int(ops.trim_worker_memory())  # type: ignore[attr-defined]
+    if ops is None:
+        return 0
+    with torch._C.DisableTorchFunction(), _disable_current_modes():
+        return int(ops.trim_worker_memory())  # type: ignore[attr-defined]
 
 
 def stats() -> WorkerMemoryStats:
