@@ -27,14 +27,18 @@ from setuptools import find_packages, setup
 #   AVX-512 and AVX2, one thread, fastest of 15 calls, the two builds in the order
 #   old-new-new-old three times: geometric mean 0.94x.
 #   (Alternating old-new only favours the first: the same build against itself gave 1.17x.)
+# - optimizer_tiles.cpp: its options are template parameters where they guard a store and bit
+#   masks elsewhere (see [Note: options as masks] there), so GCC neither unswitches nor leaves a
+#   loop scalar: 17.6 -> 7.7 CPU s in one hour, and the steps are bit-identical and take 0.77x
+#   (geometric mean of 20 cases, 2M float32 parameters, one thread, fastest of 15 steps,
+#   old-new-new-old twice; SGD with momentum, RMSprop and LAMB 0.3-0.7x, where unswitching had
+#   run out of levels and left the loop scalar, the rest 0.96-1.10x). Templates alone with
+#   unswitching off had left the loops scalar, 1.9x.
 # Tried and left (old-new order, so the new side is up to 1.2x too slow): rows of kRun through
 # the out-of-line column network instead of the registers (sort_run_rows) saved at most 2 s per
 # variant, int32 rows of 16 took 1.10x; the short rows' column size P as an argument instead
 # of a template parameter saved about 3 s per variant, and rows of 4 took 1.4-1.6x (fastest of
-# 41 calls, six alternations). In optimizer_tiles.cpp, templates for the options that guard stores with GCC's unswitching off
-# took the file from 10 to 3 CPU s, but GCC then vectorised neither SGD's nor Adam's element
-# loop ("control flow in loop": the other options' selects) and the steps took 1.9x
-# (geometric mean of 20 cases, old-new order, bit-identical); with unswitching on, 33 s.
+# 41 calls, six alternations).
 #
 # Before 2026-11-29: 21 files. CPU seconds (user + sys) of
 # each compiled alone with build.ninja's command (`/usr/bin/time -f %U+%S c++ <cflags> -c FILE

@@ -3,6 +3,8 @@
 
 #include <immintrin.h>
 
+#include <bit>
+
 #include "common/simd.h"
 
 namespace poptorch_sim {
@@ -71,11 +73,39 @@ struct SqrtAvx512 {
     simd::pick(simd::level(simd::Family::kOptimizer), &NAME##_avx512, &NAME##_avx2, &NAME##_base)(h, v);        \
   }
 
+// [Note: options as masks]
+// Each element loop is compiled once per SIMD level: the options that guard a store or a
+// state's load are template parameters (SGD's momentum, RMSprop's average and momentum, LAMB's
+// pass and rounded moments), and the others are bit masks the loop selects with (pick), as the
+// vectorised loop does lanewise. GCC 12 does not vectorise `c ? a : b` on a loop-invariant bool
+// ("relevant stmt not supported"), and unswitched each such option instead: a copy of each loop
+// per combination of options, 16 of this file's 20 CPU s.
+
+// All ones where `on`, else zero.
+POPSIM_INLINE uint32_t mask_of(bool on) { return on ? ~uint32_t{0} : 0; }
+
+// `a` where `mask` is all ones, `b` where it is zero: `mask ? a : b`, bit for bit.
+POPSIM_INLINE float pick(uint32_t mask, float a, float b) {
+  return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & mask) |
+                              (std::bit_cast<uint32_t>(b) & ~mask));
+}
+
+// The gradient as the update sees it (see GradPrep); `negate` is the sign bit where maximising.
+struct Prep {
+  GradPrep gp;
+  uint32_t negate;
+  explicit Prep(const GradPrep& g) : gp(g), negate(g.maximize ? 0x80000000u : 0u) {}
+};
+
 template <bool kByInverse>
-POPSIM_INLINE float prep(const GradPrep& gp, float g) {
-  g = kByInverse ? g * gp.inverse : g / gp.loss_scaling;
-  g = g * gp.clip_coef;
-  return gp.maximize ? -g : g;
+POPSIM_INLINE float prep(const Prep& p, float g) {
+  if constexpr (kByInverse) {
+    g = g * p.gp.inverse;
+  } else {
+    g = g / p.gp.loss_scaling;
+  }
+  g = g * p.gp.clip_coef;
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(g) ^ p.negate);  // -g where maximising
 }
 
 // `other * alpha + self` with one rounding, as ATen's vectorised `add(self, other, alpha)`.
@@ -83,32 +113,47 @@ POPSIM_INLINE float add_alpha(float self, float other, float alpha) {
   return __builtin_fmaf(other, alpha, self);
 }
 
-// ATen's vectorised lerp: fma(w or w - 1, end - self, self or end), by |w| < 0.5.
-POPSIM_INLINE float lerp(float self, float end, float w) {
-  const bool small = __builtin_fabsf(w) < 0.5f;
-  return __builtin_fmaf(small ? w : w - 1.0f, end - self, small ? self : end);
-}
+// ATen's vectorised lerp by weight w: fma(w or w - 1, end - self, self or end), by |w| < 0.5.
+struct Lerp {
+  uint32_t small;  // |w| < 0.5
+  float weight;    // w or w - 1
+  explicit Lerp(float w)
+      : small(mask_of(__builtin_fabsf(w) < 0.5f)),
+        weight(__builtin_fabsf(w) < 0.5f ? w : w - 1.0f) {}
+  POPSIM_INLINE float operator()(float self, float end) const {
+    return __builtin_fmaf(weight, end - self, pick(small, self, end));
+  }
+};
 
 // ---------------------------------------------------------------- SGD
 
 
-template <class Sqrt, bool kByInverse>
-POPSIM_INLINE void sgd_tile_body(const SgdHyper h, const TileView v) {
+template <bool kByInverse, bool kMomentum>
+POPSIM_INLINE void sgd_loop(const SgdHyper h, const TileView v) {
   float* p = v.param;
   float* buf = v.state[0];
-  const bool has_wd = h.weight_decay != 0.0f;
+  const Prep gp(h.gp);
+  const uint32_t decay = mask_of(h.weight_decay != 0.0f);
+  const uint32_t first = mask_of(h.first_step);
+  const uint32_t nesterov = mask_of(h.nesterov);
   for (int64_t i = 0; i < v.len; ++i) {
-    float g = prep<kByInverse>(h.gp, v.grad[i]);
-    if (has_wd) {
-      g = add_alpha(g, p[i], h.weight_decay);
-    }
-    if (buf != nullptr) {
-      const float b =
-          h.first_step ? g : add_alpha(buf[i] * h.momentum, g, h.one_minus_dampening);
+    float g = prep<kByInverse>(gp, v.grad[i]);
+    g = pick(decay, add_alpha(g, p[i], h.weight_decay), g);
+    if constexpr (kMomentum) {
+      const float b = pick(first, g, add_alpha(buf[i] * h.momentum, g, h.one_minus_dampening));
       buf[i] = b;
-      g = h.nesterov ? add_alpha(g, b, h.momentum) : b;
+      g = pick(nesterov, add_alpha(g, b, h.momentum), b);
     }
     p[i] = add_alpha(p[i], g, h.neg_lr);
+  }
+}
+
+template <class Sqrt, bool kByInverse>
+POPSIM_INLINE void sgd_tile_body(const SgdHyper h, const TileView v) {
+  if (v.state[0] != nullptr) {
+    sgd_loop<kByInverse, true>(h, v);
+  } else {
+    sgd_loop<kByInverse, false>(h, v);
   }
 }
 }  // namespace
@@ -126,7 +171,10 @@ template <class Sqrt, bool kByInverse>
 POPSIM_INLINE void adam_tile_body(const AdamHyper h, const TileView v) {
   // Blocks of kAdamBlock elements: the square roots and divisions of one block overlap the
   // loads of the next, where a whole-tile pass of each would leave memory idle meanwhile.
-  const bool has_wd = h.weight_decay != 0.0f;
+  const Prep gp(h.gp);
+  const Lerp lerp(h.lerp_w);
+  const uint32_t decoupled = mask_of(h.weight_decay != 0.0f && h.decoupled);
+  const uint32_t coupled = mask_of(h.weight_decay != 0.0f && !h.decoupled);
   for (int64_t b = 0; b < v.len; b += kAdamBlock) {
     const int64_t len = std::min(kAdamBlock, v.len - b);
     float* __restrict p = v.param + b;
@@ -135,16 +183,11 @@ POPSIM_INLINE void adam_tile_body(const AdamHyper h, const TileView v) {
     const float* __restrict grad = v.grad + b;
     float root[kAdamBlock];
     for (int64_t i = 0; i < len; ++i) {
-      float g = prep<kByInverse>(h.gp, grad[i]);
+      float g = prep<kByInverse>(gp, grad[i]);
       float w = p[i];
-      if (has_wd) {
-        if (h.decoupled) {
-          w = w * h.decay_factor;
-        } else {
-          g = add_alpha(g, w, h.weight_decay);
-        }
-      }
-      m[i] = lerp(m[i], g, h.lerp_w);
+      g = pick(coupled, add_alpha(g, w, h.weight_decay), g);
+      w = pick(decoupled, w * h.decay_factor, w);
+      m[i] = lerp(m[i], g);
       float si = s[i] * h.beta2;
       si = si + h.one_minus_beta2 * g * g;
       s[i] = si;
@@ -167,41 +210,57 @@ namespace {
 // ---------------------------------------------------------------- RMSprop
 
 
-template <class Sqrt, bool kByInverse>
-POPSIM_INLINE void rmsprop_tile_body(const RmspropHyper h, const TileView v) {
+template <class Sqrt, bool kByInverse, bool kAverage, bool kMomentum>
+POPSIM_INLINE void rmsprop_loops(const RmspropHyper h, const TileView v) {
   float* p = v.param;
   float* sq = v.state[0];
-  float* buf = h.mom_slot >= 0 ? v.state[h.mom_slot] : nullptr;
-  float* ga = h.avg_slot >= 0 ? v.state[h.avg_slot] : nullptr;
+  float* buf = kMomentum ? v.state[h.mom_slot] : nullptr;
+  float* ga = kAverage ? v.state[h.avg_slot] : nullptr;
   float root[kTile], grad[kTile];
-  const bool has_wd = h.weight_decay != 0.0f;
+  const Prep gp(h.gp);
+  const Lerp lerp(h.one_minus_alpha);
+  const uint32_t decay = mask_of(h.weight_decay != 0.0f);
+  const uint32_t tf = mask_of(h.tf_variant);
   for (int64_t i = 0; i < v.len; ++i) {
-    float g = prep<kByInverse>(h.gp, v.grad[i]);
-    if (has_wd) {
-      g = add_alpha(g, p[i], h.weight_decay);
-    }
+    float g = prep<kByInverse>(gp, v.grad[i]);
+    g = pick(decay, add_alpha(g, p[i], h.weight_decay), g);
     float sqi = sq[i] * h.alpha;
     sqi = sqi + h.one_minus_alpha * g * g;
     sq[i] = sqi;
     float var = sqi;
-    if (ga != nullptr) {
-      const float gai = lerp(ga[i], g, h.one_minus_alpha);
+    if constexpr (kAverage) {
+      const float gai = lerp(ga[i], g);
       ga[i] = gai;
       var = sqi + -1.0f * gai * gai;
     }
-    root[i] = h.tf_variant ? var + h.eps : var;
+    root[i] = pick(tf, var + h.eps, var);
     grad[i] = g;
   }
   Sqrt::run(root, v.len);
   for (int64_t i = 0; i < v.len; ++i) {
-    const float avg = h.tf_variant ? root[i] : root[i] + h.eps;
-    if (buf != nullptr) {
+    const float avg = pick(tf, root[i], root[i] + h.eps);
+    if constexpr (kMomentum) {
       const float b = buf[i] * h.momentum + grad[i] / avg;
       buf[i] = b;
       p[i] = add_alpha(p[i], b, h.neg_lr);
     } else {
       p[i] = p[i] + h.neg_lr * (grad[i] / avg);
     }
+  }
+}
+
+template <class Sqrt, bool kByInverse>
+POPSIM_INLINE void rmsprop_tile_body(const RmspropHyper h, const TileView v) {
+  if (h.avg_slot >= 0) {
+    if (h.mom_slot >= 0) {
+      rmsprop_loops<Sqrt, kByInverse, true, true>(h, v);
+    } else {
+      rmsprop_loops<Sqrt, kByInverse, true, false>(h, v);
+    }
+  } else if (h.mom_slot >= 0) {
+    rmsprop_loops<Sqrt, kByInverse, false, true>(h, v);
+  } else {
+    rmsprop_loops<Sqrt, kByInverse, false, false>(h, v);
   }
 }
 }  // namespace
@@ -225,20 +284,26 @@ POPSIM_INLINE float stored(float x, at::ScalarType dt) {
   return x;
 }
 
-template <class Sqrt, bool kByInverse>
-POPSIM_INLINE void lamb_tile_body(const LambHyper h, const TileView v) {
+// kUpdate: pass 1 (update_moments); kFloat: both moments stored as float32 (no rounding).
+template <class Sqrt, bool kByInverse, bool kUpdate, bool kFloat>
+POPSIM_INLINE void lamb_loops(const LambHyper h, const TileView v) {
   float* p = v.param;
   float* m = v.state[0];
   float* s = v.state[1];
   float root[kTile];
+  const Prep gp(h.gp);
   for (int64_t i = 0; i < v.len; ++i) {
     float si = s[i];
-    if (h.update_moments) {
-      const float g = prep<kByInverse>(h.gp, v.grad[i]);
-      float mi = m[i] * h.beta1;
-      m[i] = stored(add_alpha(mi, g, h.one_minus_beta1), h.m_dtype);
+    if constexpr (kUpdate) {
+      const float g = prep<kByInverse>(gp, v.grad[i]);
+      float mi = add_alpha(m[i] * h.beta1, g, h.one_minus_beta1);
       si = si * h.beta2;
-      si = stored(si + h.one_minus_beta2 * g * g, h.s_dtype);
+      si = si + h.one_minus_beta2 * g * g;
+      if constexpr (!kFloat) {
+        mi = stored(mi, h.m_dtype);
+        si = stored(si, h.s_dtype);
+      }
+      m[i] = mi;
       s[i] = si;
     }
     root[i] = si;
@@ -247,11 +312,22 @@ POPSIM_INLINE void lamb_tile_body(const LambHyper h, const TileView v) {
   for (int64_t i = 0; i < v.len; ++i) {
     const float denom = root[i] / h.bc2_sqrt + h.eps;
     const float r = (m[i] / h.bc1) / denom + h.weight_decay * p[i];
-    if (h.update_moments) {
+    if constexpr (kUpdate) {
       h.r_out[i] = r;
     } else {
       p[i] = add_alpha(p[i], r, h.alpha);
     }
+  }
+}
+
+template <class Sqrt, bool kByInverse>
+POPSIM_INLINE void lamb_tile_body(const LambHyper h, const TileView v) {
+  if (!h.update_moments) {
+    lamb_loops<Sqrt, kByInverse, false, true>(h, v);
+  } else if (h.m_dtype == at::kFloat && h.s_dtype == at::kFloat) {
+    lamb_loops<Sqrt, kByInverse, true, true>(h, v);
+  } else {
+    lamb_loops<Sqrt, kByInverse, true, false>(h, v);
   }
 }
 }  // namespace
