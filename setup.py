@@ -15,7 +15,8 @@ from setuptools import find_packages, setup
 # build_ext --inplace`, ninja's default 3 jobs), 2-vCPU Intel Xeon (AVX-512) VM, GCC 12.2,
 # quiet but for its host, 2026-11-29, 9770165 and 1c8a29c in turn, twice: 104 and 116 -> 68 and
 # 76 s wall, 202 and 227 -> 129 and 144 CPU s (the main checkout at 1c8a29c: 56 s, 107 CPU s;
-# with the 8-lane hook, POPTORCH_SIM_BUILD_8_LANES=1: 67 s, 131 CPU s). The host's speed moves
+# with the 8-lane hook, POPTORCH_SIM_BUILD_8_LANES=1: 67 s, 131 CPU s); 9770165 and 5ed3f23
+# (optimizer_tiles.cpp's masks too) old-new-new-old: 121 and 102 -> 70 and 78 s wall. The host's speed moves
 # by a third between hours: 9770165 built in 75 s on 2026-11-28. What changed:
 # - the 8-lane test hook is built only where the building CPU lacks AVX-512 (see [Note: the
 #   8-lane hook]): 24-32 CPU s;
