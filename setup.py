@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+from pathlib import Path
 
 from setuptools import find_packages, setup
 
@@ -16,8 +17,9 @@ from setuptools import find_packages, setup
 # quiet but for its host, 2026-11-29, 9770165 and 1c8a29c in turn, twice: 104 and 116 -> 68 and
 # 76 s wall, 202 and 227 -> 129 and 144 CPU s (the main checkout at 1c8a29c: 56 s, 107 CPU s;
 # with the 8-lane hook, POPTORCH_SIM_BUILD_8_LANES=1: 67 s, 131 CPU s); 9770165 and 5ed3f23
-# (optimizer_tiles.cpp's masks too) old-new-new-old: 121 and 102 -> 70 and 78 s wall. The host's speed moves
-# by a third between hours: 9770165 built in 75 s on 2026-11-28. What changed:
+# (optimizer_tiles.cpp's masks too) old-new-new-old: 121 and 102 -> 70 and 78 s wall. The
+# host's speed moves by a third between hours: 9770165 built in 75 s on 2026-11-28. What
+# changed:
 # - the 8-lane test hook is built only where the building CPU lacks AVX-512 (see [Note: the
 #   8-lane hook]): 24-32 CPU s;
 # - the thin torch-facing files compile as two units: 14.1 and 7.4 CPU s, where their members
@@ -90,8 +92,8 @@ from setuptools import find_packages, setup
 # max-unswitch-level=1` 3.6 s, level 2 7.2 s (load 12-16, 2026-11-29, a5318b4), but the steps
 # were slower: CPU time of one step of 2M float32 parameters on one thread (medians of 3 and 2
 # runs, old and new builds alternated), geometric mean of 24 cases (4 optimizers, AVX-512 and
-# AVX2) 1.29x (no unswitching) and 1.54x (level 1), SGD without momentum 1.7-5.3x. Unswitching
-# by hand only the options that matter (templates) is what is left there. Instantiating
+# AVX2) 1.29x (no unswitching) and 1.54x (level 1), SGD without momentum 1.7-5.3x. (Done on
+# 2026-11-29 by templates and masks: see above.) Instantiating
 # the test-only 8-lane network for 5 of the 9 dtypes would save about 7 s, but each dtype has
 # its own lane code there, which only that hook runs on CPUs without AVX-512. A precompiled
 # header of torch's headers was 430 MB (benchmarks/RESULTS.md).
@@ -163,9 +165,8 @@ def _compile_units(sources: list[str]) -> list[str]:
         text = "// Made by setup.py: see [Note: compile units].\n" + "".join(
             f'#include "{os.path.relpath(member, "csrc")}"\n' for member in unit
         )
-        if not os.path.exists(path) or open(path).read() != text:  # unchanged: ninja skips it
-            with open(path, "w") as out:
-                out.write(text)
+        if not os.path.exists(path) or Path(path).read_text() != text:  # unchanged: ninja skips it
+            Path(path).write_text(text)
         units.append(path)
     return [source for source in sources if source not in members] + units
 

@@ -210,12 +210,9 @@ at::Tensor argsort_cpu(const at::Tensor& self, int64_t dim, bool descending) {
   return indices.movedim(-1, dim).contiguous();
 }
 
-// For the tests: sort's values and indices along the last dimension, every row by the 8-lane
-// network that AVX-512 CPUs run, here compiled for AVX2, so that its logic is checked on CPUs
-// without AVX-512 too. float32, int32 and the 16-bit dtypes take the vector paths, the 8-bit ones
-// the scalar codec, int64 and float64 the wide-key rows (see [Note: wide keys]).
-// setup.py leaves it out where the CPU that builds the library has AVX-512 (see [Note: the 8-lane
-// hook] in setup.py): there the tests run the AVX-512 variant itself.
+// Whether the 8-lane test hook below was compiled: setup.py leaves it out where the CPU that
+// builds the library has AVX-512 (see [Note: the 8-lane hook] in setup.py), whose variant the
+// tests run there itself.
 bool sort_rows_8_lanes_built() {
 #ifdef POPTORCH_SIM_NO_8_LANES
   return false;
@@ -224,6 +221,10 @@ bool sort_rows_8_lanes_built() {
 #endif
 }
 
+// For the tests: sort's values and indices along the last dimension, every row by the 8-lane
+// network that AVX-512 CPUs run, here compiled for AVX2, so that its logic is checked on CPUs
+// without AVX-512 too. float32, int32 and the 16-bit dtypes take the vector paths, the 8-bit ones
+// the scalar codec, int64 and float64 the wide-key rows (see [Note: wide keys]).
 std::tuple<at::Tensor, at::Tensor> sort_rows_8_lanes(const at::Tensor& self, bool descending) {
   TORCH_CHECK(sort_rows_8_lanes_built(),
               "poptorch_sim::_sort_rows_8_lanes: this library was built without the 8-lane network "
