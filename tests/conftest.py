@@ -1,6 +1,10 @@
 """Shared fixtures: every test starts from the same seed, with a SIMD choice cache of its own;
 each test process computes on one intra-op thread, and ``two_threads`` runs a test with the
-caller on 2."""
+caller on 2.
+
+torch and numpy are imported where a test needs them, not here: under pytest-xdist the process
+that starts the workers loads this file too, and importing torch there (2.5 s) held up the
+start of every worker."""
 
 from __future__ import annotations
 
@@ -11,9 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
-import torch
 
 # The SIMD variant choices (poptorch_sim.kernels.simd_choice) go to a cache of this run's own,
 # not the user's: set before poptorch_sim is imported.
@@ -23,6 +25,9 @@ atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 @pytest.fixture(autouse=True)
 def seed() -> None:
+    import numpy as np
+    import torch
+
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
@@ -31,6 +36,8 @@ def seed() -> None:
 @pytest.fixture
 def two_threads() -> Iterator[int]:
     """The caller runs on 2 intra-op threads (the cores the workers are lent), then as before."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     yield 2
@@ -41,7 +48,11 @@ def two_threads() -> Iterator[int]:
 # two cores a second intra-op thread only waits for the core the other process holds (tests of
 # 7 files, two processes: 89/80 -> 66/62 s, 2-vCPU Xeon, 2026-11-28). Tests that need two ask
 # for ``two_threads``.
-torch.set_num_threads(1)
+@pytest.fixture(scope="session", autouse=True)
+def one_intra_op_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
 
 
 # The files whose tests take longest in all (seconds of test time, `--junitxml`, 2-vCPU Xeon,
