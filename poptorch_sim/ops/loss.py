@@ -14,6 +14,7 @@ __all__ = [
     "LOSS_FUNCTIONS",
     "LOSS_MODULES",
     "is_loss_callable",
+    "is_loss_function",
     "register_loss_op",
     "NO_LOSS",
     "MANY_LOSSES",
@@ -102,6 +103,15 @@ LOSS_FUNCTIONS: tuple[Callable[..., torch.Tensor], ...] = (
 )
 
 
+_LOSS_FUNCTION_IDS = frozenset(map(id, LOSS_FUNCTIONS))
+
+
+def is_loss_function(fn: object) -> bool:
+    """Whether ``fn`` is one of ``LOSS_FUNCTIONS`` (a set lookup: capture asks it of every
+    torch function call)."""
+    return id(fn) in _LOSS_FUNCTION_IDS
+
+
 # Dispatcher ops that are losses (``torch.ops.poptorch.identity_loss``: fx records the packet,
 # torch.export the overload).
 _LOSS_OPS: list[object] = []
@@ -115,9 +125,7 @@ def register_loss_op(packet: torch._ops.OpOverloadPacket) -> None:
 def is_loss_callable(fn: object) -> bool:
     """Whether calling ``fn`` computes a loss in PopTorch's sense (a loss module or function)."""
     return (
-        isinstance(fn, LOSS_MODULES)
-        or any(fn is f for f in LOSS_FUNCTIONS)
-        or any(fn is op for op in _LOSS_OPS)
+        isinstance(fn, LOSS_MODULES) or is_loss_function(fn) or any(fn is op for op in _LOSS_OPS)
     )
 
 
