@@ -3,17 +3,21 @@ clean failures when it dies, and no hang at exit (see data/worker_process.py).""
 
 from __future__ import annotations
 
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from loader_data import BreaksAtTwo, Pids
 
 from poptorch_sim.data import AsynchronousDataAccessor
+from poptorch_sim.data.sharing import WORKER_MODULE, preload_in_fork_server, references
+from poptorch_sim.datasets import write_standin
 
 
 def test_batches_are_loaded_in_another_process_and_match_eager() -> None:
@@ -77,3 +81,32 @@ def test_exiting_with_a_live_accessor_neither_hangs_nor_prints() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "done" and done.stderr == ""
     assert time.monotonic() - start < 60
+
+
+# ---- what the fork server imports (see [Note: what the fork server imports]) ----------------
+def test_references_name_the_installed_modules_a_dataset_needs(tmp_path: Path) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    write_standin(tmp_path, num_train=8, num_test=8, variants=1)
+    mnist = torchvision.datasets.MNIST(
+        str(tmp_path), train=True, transform=torchvision.transforms.ToTensor()
+    )
+    found = references(mnist)
+    assert not found.main
+    assert {"torchvision.datasets.mnist", "torchvision.transforms.transforms"} <= set(
+        found.libraries
+    ), found
+    # This suite's own modules and poptorch_sim's are not installed packages' modules.
+    assert references(Pids()) == (False, ())
+
+
+def test_the_fork_server_takes_the_modules_before_it_starts_and_keeps_them_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = multiprocessing.forkserver.ForkServer()
+    monkeypatch.setattr(multiprocessing.forkserver, "_forkserver", server)
+    preload_in_fork_server(["torchvision.datasets.mnist"])
+    preload_in_fork_server(["torchvision.datasets.mnist", "PIL.Image"])
+    assert server._preload_modules == [WORKER_MODULE, "torchvision.datasets.mnist", "PIL.Image"]
+    server._forkserver_pid = 1  # running: its imports are fixed
+    preload_in_fork_server(["numpy"])
+    assert "numpy" not in server._preload_modules

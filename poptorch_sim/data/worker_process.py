@@ -52,7 +52,13 @@ from ..runtime.threads import POLL_S
 from .epoch_source import EpochSource
 from .prefetch import Item, StartupResult
 from .ring import SlotReader, create_ring, new_ring_name, open_flags, unlink_ring
-from .sharing import dump_to_file, main_module_hidden, main_module_needed, start_context
+from .sharing import (
+    dump_to_file,
+    main_module_hidden,
+    preload_in_fork_server,
+    references,
+    start_context,
+)
 from .worker_main import WorkerSpec, worker_main
 
 __all__ = ["RingFlags", "WorkerProcess"]
@@ -119,7 +125,10 @@ class WorkerProcess:
         source, self._source = self._source, None
         try:
             spec = self._spec(source)
-            hide_main = self._strategy != SharingStrategy.Fork and not main_module_needed(spec)
+            needs = references(spec) if self._strategy != SharingStrategy.Fork else None
+            hide_main = needs is not None and not needs.main
+            if self._context.get_start_method() == "forkserver" and needs is not None:
+                preload_in_fork_server(needs.libraries)
             self._process = self._context.Process(  # type: ignore[attr-defined]
                 target=worker_main, args=(spec, *self._child_ends), name=self._name
             )
