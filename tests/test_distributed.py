@@ -226,31 +226,30 @@ print(sorted(n for n in names if "gloo" in n))
 """
 
 
+def _gloo_threads_left(joined_by: str) -> str:
+    """The gloo threads left after ``_GROUP_THREADS`` ran with its group joined by ``joined_by``."""
+    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", _GROUP_THREADS, joined_by], env=env, text=True,
+        capture_output=True, timeout=CHILD_TIMEOUT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="lists threads in /proc")
 def test_destroying_the_group_joins_its_threads() -> None:
     """See [Note: the world group outlives destroy_process_group] in distributed/group.py."""
-    procs = {}
-    try:
-        for joined_by in ("poptorch_sim", "torch"):  # both at once: each waits on its imports
-            env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
-                       WORLD_SIZE="1")  # fmt: skip
-            procs[joined_by] = subprocess.Popen(
-                [sys.executable, "-c", _GROUP_THREADS, joined_by], env=env, text=True,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            )  # fmt: skip
-        left = {}
-        for joined_by, proc in procs.items():
-            out, err = proc.communicate(timeout=CHILD_TIMEOUT)
-            assert proc.returncode == 0, err[-3000:]
-            left[joined_by] = out.strip().splitlines()[-1]
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    assert left["poptorch_sim"] == "[]", left
-    # The torch behaviour the note works around: joined before the import, the threads stay.
-    assert "pt_gloo_runloop" in left["torch"], left
+    assert _gloo_threads_left("poptorch_sim") == "[]"
+
+
+# Slow: a control, not poptorch_sim's behaviour (a process of its own, 4-6 s of CPU): torch's
+# own group, joined before the import, keeps its threads, which is what the note works around.
+# scripts/test.sh --all runs it.
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="lists threads in /proc")
+def test_torch_alone_leaves_the_threads_that_the_note_works_around() -> None:
+    assert "pt_gloo_runloop" in _gloo_threads_left("torch")
 
 
 # ---- the MNIST pipelining tutorial under the launcher -------------------------------------------
