@@ -90,10 +90,7 @@ def start_context(strategy: SharingStrategy) -> multiprocessing.context.BaseCont
     method = _METHODS[SharingStrategy(strategy)]
     if method not in multiprocessing.get_all_start_methods():  # no fork server off POSIX
         method = "spawn"
-    context = multiprocessing.get_context(method)
-    if context.get_start_method() == "forkserver":
-        preload_in_fork_server(())
-    return context
+    return multiprocessing.get_context(method)
 
 
 def preload_in_fork_server(modules: Iterable[str]) -> None:
@@ -155,7 +152,8 @@ def references(value: Any) -> References:
 
 
 def _libraries(names: Iterable[str]) -> tuple[str, ...]:
-    sites = (*site.getsitepackages(), site.getusersitepackages())
+    # site.getsitepackages is missing from some old virtualenv builds: then nothing is preloaded.
+    sites = (*getattr(site, "getsitepackages", list)(), site.getusersitepackages())
     roots = tuple(os.path.join(os.path.realpath(path), "") for path in sites if path)
     found = []
     for name in sorted(names):
